@@ -1,0 +1,76 @@
+"""``CheckpointStore``: commit markers in the output store (DESIGN.md commit protocol).
+
+A partition is done when ``_checkpoints/<pid>.json`` exists. The marker is created
+exclusively (local: ``os.link``; object stores: conditional PUT), so of two attempts of
+one partition exactly one commits; the loser deletes its own files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from typing import Any
+
+from pipeline.errors import CommitError
+from pipeline.io import fs
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "_checkpoints"
+SUCCESS_FILE = "_SUCCESS"
+
+
+class CheckpointStore:
+    """Reads and writes the commit markers under ``<output>/_checkpoints/``."""
+
+    def __init__(self, output_uri: str):
+        self.output_uri = output_uri
+
+    def marker_uri(self, partition_id: str) -> str:
+        """URI of the marker of ``partition_id``."""
+        return fs.join(self.output_uri, CHECKPOINT_DIR, f"{partition_id}.json")
+
+    def commit(self, partition_id: str, marker: dict[str, Any]) -> bool:
+        """Create the marker; return False if another attempt committed first.
+
+        Raises ``CommitError`` if the store fails (not if the marker exists).
+        """
+        blob = json.dumps(marker, indent=1, sort_keys=True).encode()
+        try:
+            return fs.create_exclusive(self.marker_uri(partition_id), blob)
+        except OSError as e:
+            raise CommitError(f"cannot write marker for {partition_id} in {self.output_uri}: {e}") from e
+
+    def markers(self) -> dict[str, dict[str, Any]]:
+        """All markers, keyed by partition id (one listing, one read per marker)."""
+        out = {}
+        for info in fs.list_files(fs.join(self.output_uri, CHECKPOINT_DIR), recursive=False):
+            name = posixpath.basename(info.path)
+            if not name.endswith(".json"):
+                continue
+            uri = fs.join(self.output_uri, CHECKPOINT_DIR, name)
+            try:
+                out[name[:-len(".json")]] = json.loads(fs.read_bytes(uri))
+            except (OSError, ValueError) as e:
+                raise CommitError(f"unreadable commit marker {uri}: {e}") from e
+        return out
+
+    def committed(self, fingerprint: str) -> tuple[dict[str, dict], dict[str, dict]]:
+        """Split markers into ``(matching, foreign)`` by spec fingerprint."""
+        matching, foreign = {}, {}
+        for pid, m in self.markers().items():
+            (matching if m.get("fingerprint") == fingerprint else foreign)[pid] = m
+        return matching, foreign
+
+    def write_success(self, report: dict[str, Any]) -> None:
+        """Write ``_SUCCESS`` holding the job report (JSON)."""
+        fs.write_bytes(fs.join(self.output_uri, SUCCESS_FILE),
+                       json.dumps(report, indent=1, sort_keys=True).encode())
+
+
+def committed_files(output_uri: str) -> list[str]:
+    """URIs of the data files named by commit markers (what readers should trust)."""
+    store = CheckpointStore(output_uri)
+    return [fs.join(output_uri, f) for pid, m in sorted(store.markers().items())
+            for f in m.get("files", []) if f.startswith("data/")]

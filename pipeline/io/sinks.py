@@ -1,0 +1,176 @@
+"""The Parquet ``Datasink``: streams one partition attempt's rows to Parquet row groups.
+
+Files go to attempt-unique paths (``data/<pid>/a-<attempt>/part-00000.parquet`` and the
+same under ``quarantine/``), so an attempt never overwrites another's output; the commit
+marker decides which attempt is visible. Rows are buffered up to ``rows_per_row_group``
+and written as a row group, so a partition is never held in memory whole.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.io import fs
+from pipeline.records import (ERROR, REJECT_REASON, SOURCE_BYTES, STATUS, TEXT_EMBEDDING, Batch,
+                              WriteResult)
+from pipeline.spec import SinkSpec
+
+log = logging.getLogger(__name__)
+
+BASE_FIELDS = [
+    pa.field("key", pa.string()), pa.field("partition_id", pa.string()),
+    pa.field("source_uri", pa.string()), pa.field("status", pa.string()),
+    pa.field("reject_reason", pa.string()), pa.field("error", pa.string()),
+    pa.field("width", pa.int32()), pa.field("height", pa.int32()),
+    pa.field("mime", pa.string()), pa.field("format", pa.string()),
+    pa.field("n_frames", pa.int32()), pa.field("is_animated", pa.bool_()),
+    pa.field("has_alpha", pa.bool_()), pa.field("sha256", pa.string()),
+    pa.field("phash", pa.uint64()), pa.field("duplicate_of", pa.string()),
+    pa.field("duplicate_hamming", pa.int32()), pa.field("caption", pa.large_string()),
+    pa.field("caption_flags", pa.list_(pa.string())), pa.field("image", pa.binary()),
+    pa.field("image_width", pa.int32()), pa.field("image_height", pa.int32()),
+]
+
+
+def output_schema(extra: list[pa.Field], embedding_dim: int | None) -> pa.Schema:
+    """Schema of data files: reserved columns, ``text_embedding``
+    (``fixed_size_list<float32>[D]``) if enabled, then the carried columns."""
+    fields = list(BASE_FIELDS)
+    if embedding_dim:
+        fields.append(pa.field(TEXT_EMBEDDING, pa.list_(pa.float32(), embedding_dim)))
+    return pa.schema(fields + extra)
+
+
+def quarantine_schema(data_schema: pa.Schema) -> pa.Schema:
+    """Data schema plus ``source_bytes`` (the original, undecoded bytes)."""
+    return data_schema.append(pa.field("source_bytes", pa.binary()))
+
+
+def _column(values: list[Any], field: pa.Field) -> pa.Array:
+    if pa.types.is_fixed_size_list(field.type):
+        dim = field.type.list_size
+        mask = np.array([v is None for v in values])
+        flat = np.zeros((len(values), dim), dtype=np.float32)
+        for i, v in enumerate(values):
+            if v is not None:
+                flat[i] = v
+        return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), dim,
+                                                 mask=pa.array(mask))
+    return pa.array(values, type=field.type)
+
+
+def to_table(batch: Batch, schema: pa.Schema, rows: list[int]) -> pa.Table:
+    """Rows ``rows`` of ``batch`` as a table of ``schema`` (missing columns become null)."""
+    n = len(rows)
+    cols = []
+    for field in schema:
+        src = batch.get(field.name)
+        values = [src[i] for i in rows] if src is not None else [None] * n
+        cols.append(_column(values, field))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+class _StreamingFile:
+    """One Parquet file written row group by row group."""
+
+    def __init__(self, uri: str, schema: pa.Schema, spec: SinkSpec):
+        self.uri, self.schema, self.spec = uri, schema, spec
+        self.writer: pq.ParquetWriter | None = None
+        self.buffer: list[pa.Table] = []
+        self.buffered = 0
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        self.buffer.append(table)
+        self.buffered += table.num_rows
+        if self.buffered >= self.spec.rows_per_row_group:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.buffered:
+            return
+        if self.writer is None:
+            fsys, path = fs.resolve(self.uri)
+            fsys.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            codec = None if self.spec.compression == "none" else self.spec.compression
+            self.writer = pq.ParquetWriter(path, self.schema, filesystem=fsys, compression=codec)
+        self.writer.write_table(pa.concat_tables(self.buffer),
+                                row_group_size=self.spec.rows_per_row_group)
+        self.rows += self.buffered
+        self.buffer, self.buffered = [], 0
+
+    def close(self) -> bool:
+        """Flush and close; return True if a file was written."""
+        self._flush()
+        if self.writer is None:
+            return False
+        self.writer.close()
+        return True
+
+
+class ParquetDatasink:
+    """Writes one partition attempt: data rows, and error rows to quarantine.
+
+    ``write(batch)`` appends a batch; ``close()`` returns the ``WriteResult`` (files
+    relative to the output root, rows by status and reason, bytes, sha256 per file);
+    ``abort()`` deletes whatever this attempt wrote.
+    """
+
+    def __init__(self, output_uri: str, partition_id: str, attempt_id: str, spec: SinkSpec,
+                 schema: pa.Schema):
+        self.output_uri = output_uri
+        self.rel_data = f"data/{partition_id}/a-{attempt_id}/part-00000.parquet"
+        self.rel_quarantine = f"quarantine/{partition_id}/a-{attempt_id}/part-00000.parquet"
+        self.rel_dirs = (f"data/{partition_id}/a-{attempt_id}",
+                         f"quarantine/{partition_id}/a-{attempt_id}")
+        self.data = _StreamingFile(fs.join(output_uri, self.rel_data), schema, spec)
+        self.quarantine = (_StreamingFile(fs.join(output_uri, self.rel_quarantine),
+                                          quarantine_schema(schema), spec)
+                           if spec.quarantine else None)
+        self.by_status: collections.Counter = collections.Counter()
+        self.by_reason: collections.Counter = collections.Counter()
+
+    def write(self, batch: Batch) -> None:
+        n = len(batch[STATUS])
+        self.data.write(to_table(batch, self.data.schema, list(range(n))))
+        for i in range(n):
+            status = batch[STATUS][i]
+            self.by_status[status] += 1
+            if status == "rejected":
+                self.by_reason[f"rejected:{batch[REJECT_REASON][i]}"] += 1
+            elif status == "error":
+                self.by_reason[f"error:{batch[ERROR][i].split(':', 1)[0]}"] += 1
+        errors = [i for i in range(n) if batch[STATUS][i] == "error"]
+        if self.quarantine and errors:
+            batch["source_bytes"] = batch[SOURCE_BYTES]
+            self.quarantine.write(to_table(batch, self.quarantine.schema, errors))
+
+    def close(self) -> WriteResult:
+        files = []
+        if self.data.close():
+            files.append(self.rel_data)
+        if self.quarantine and self.quarantine.close():
+            files.append(self.rel_quarantine)
+        sha, size = {}, 0
+        for rel in files:
+            blob = fs.read_bytes(fs.join(self.output_uri, rel))
+            sha[rel] = hashlib.sha256(blob).hexdigest()
+            size += len(blob)
+        return WriteResult(tuple(files), self.data.rows, dict(self.by_status),
+                           dict(self.by_reason), size, sha)
+
+    def abort(self) -> None:
+        for rel in self.rel_dirs:
+            try:
+                fs.delete_tree(fs.join(self.output_uri, rel))
+            except OSError:
+                log.warning("could not delete %s", rel, exc_info=True)

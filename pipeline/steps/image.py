@@ -1,0 +1,127 @@
+"""Image steps over batches: decode, filter, hash, resize + re-encode.
+
+Decoded pixels live in the internal ``_pixels`` column as (H, W, 3) uint8 RGB arrays
+and are dropped by ``ResizeStep`` once the output ``image`` bytes are made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+
+import imagehash
+import numpy as np
+from PIL import Image
+
+from pipeline.records import (HEIGHT, IMAGE, MIME, PHASH, PIXELS, REJECT_REASON, SHA256,
+                              SOURCE_BYTES, STATUS, WIDTH, Batch, RejectReason, Status)
+from pipeline.spec import DecodeSpec, FilterSpec, ResizeSpec
+from pipeline.steps.base import RowStep, Step
+from pipeline.steps.decode import decode_image
+
+
+class DecodeStep(RowStep):
+    """``_source_bytes`` -> ``_pixels`` and image metadata (see ``decode_image``)."""
+
+    outputs = (PIXELS, WIDTH, HEIGHT, MIME, "format", "n_frames", "is_animated", "has_alpha")
+
+    def __init__(self, spec: DecodeSpec, draft_min_side_px: int | None = None):
+        self.spec = spec
+        self.draft_min_side_px = draft_min_side_px
+
+    def process_row(self, batch, i):
+        img = decode_image(batch[SOURCE_BYTES][i], max_pixels=self.spec.max_pixels,
+                           draft_min_side_px=self.draft_min_side_px)
+        return {PIXELS: img.pixels, WIDTH: img.width, HEIGHT: img.height, MIME: img.mime,
+                "format": img.format, "n_frames": img.n_frames, "is_animated": img.is_animated,
+                "has_alpha": img.has_alpha}
+
+
+class FilterStep(RowStep):
+    """Rejects rows below ``min_width_px``/``min_height_px`` or above ``max_aspect_ratio``.
+
+    Uses the full-resolution upright ``width``/``height``. Sets ``status="rejected"`` and
+    ``reject_reason``; never drops a row.
+    """
+
+    outputs = (REJECT_REASON,)
+
+    def __init__(self, spec: FilterSpec):
+        self.spec = spec
+
+    def process_row(self, batch, i):
+        w, h = batch[WIDTH][i], batch[HEIGHT][i]
+        reason = None
+        if w < self.spec.min_width_px or h < self.spec.min_height_px:
+            reason = RejectReason.TOO_SMALL.value
+        elif self.spec.max_aspect_ratio and max(w, h) / max(1, min(w, h)) > self.spec.max_aspect_ratio:
+            reason = RejectReason.ASPECT_RATIO.value
+        if reason is None:
+            return {}
+        return {STATUS: Status.REJECTED.value, REJECT_REASON: reason}
+
+
+class HashStep(Step):
+    """``sha256`` (hex) of the source bytes for every row that has bytes, and ``phash``.
+
+    ``phash`` is the 64-bit DCT perceptual hash of ``imagehash.phash`` (Zauner 2010,
+    hash_size=8) of the decoded pixels, stored as uint64; None for rows without pixels.
+    """
+
+    def __call__(self, batch: Batch) -> Batch:
+        batch[SHA256] = [hashlib.sha256(b).hexdigest() if b is not None else None
+                         for b in batch[SOURCE_BYTES]]
+        batch[PHASH] = [phash64(p) if p is not None else None
+                        for p in batch.get(PIXELS, [None] * len(batch[SHA256]))]
+        return batch
+
+
+def phash64(pixels: np.ndarray) -> int:
+    """64-bit perceptual hash of an (H, W, 3) uint8 image as an unsigned int."""
+    bits = imagehash.phash(Image.fromarray(pixels)).hash.flatten()
+    return int(np.packbits(bits).view(">u8")[0])
+
+
+def target_size(w: int, h: int, spec: ResizeSpec) -> tuple[int, int]:
+    """Output size (before any centre crop) for a w x h image under ``spec``, in pixels."""
+    if spec.mode == "none":
+        return w, h
+    ref = max(w, h) if spec.mode == "longest_side" else min(w, h)
+    scale = spec.size_px / ref
+    if scale >= 1 and not spec.upscale:
+        return w, h
+    return max(1, round(w * scale)), max(1, round(h * scale))
+
+
+def resize_pixels(pixels: np.ndarray, spec: ResizeSpec) -> Image.Image:
+    """Resize (H, W, 3) uint8 pixels per ``spec`` (bicubic, Pillow's reducing_gap=2.0)."""
+    img = Image.fromarray(pixels)
+    size = target_size(img.width, img.height, spec)
+    if size != img.size:
+        img = img.resize(size, Image.Resampling.BICUBIC, reducing_gap=2.0)
+    if spec.mode == "center_crop":
+        side = min(img.width, img.height, spec.size_px)
+        left, top = (img.width - side) // 2, (img.height - side) // 2
+        img = img.crop((left, top, left + side, top + side))
+    return img
+
+
+class ResizeStep(RowStep):
+    """``_pixels`` -> ``image`` (JPEG/WebP bytes), ``image_width``, ``image_height``."""
+
+    outputs = (IMAGE, "image_width", "image_height")
+
+    def __init__(self, spec: ResizeSpec):
+        self.spec = spec
+
+    def process_row(self, batch, i):
+        img = resize_pixels(batch[PIXELS][i], self.spec)
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG" if self.spec.encode_format == "jpeg" else "WEBP",
+                 quality=self.spec.quality)
+        return {IMAGE: buf.getvalue(), "image_width": img.width, "image_height": img.height}
+
+    def __call__(self, batch: Batch) -> Batch:
+        batch = super().__call__(batch)
+        batch[PIXELS] = [None] * len(batch[STATUS])
+        return batch

@@ -1,0 +1,57 @@
+"""Shared fixtures: paths to the bundled real data, and a local Ray for in-process jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "data"
+PHOTOS = DATA / "photos"
+CASES = DATA / "cases"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def coco_captions() -> list[dict]:
+    """Rows of data/photos/captions.jsonl (57 COCO photos, 5 captions each)."""
+    return [json.loads(line) for line in (PHOTOS / "captions.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray (2 CPUs) shared by in-process job tests; shut down at the end."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
+             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def mixed_input(tmp_path) -> Path:
+    """A files-datasource input: 12 real photos with .txt/.json sidecar captions, a byte
+    duplicate of one photo, and 6 broken case files (no sidecars)."""
+    src = tmp_path / "input"
+    src.mkdir()
+    rows = coco_captions()[:12]
+    for i, row in enumerate(rows):
+        shutil.copy(PHOTOS / row["file"], src / row["file"])
+        stem = src / row["file"].rsplit(".", 1)[0]
+        if i % 2:
+            (stem.with_suffix(".txt")).write_text(row["captions"][0])
+        else:
+            (stem.with_suffix(".json")).write_text(json.dumps(
+                {"caption": row["captions"][0], "license": row["license"]}))
+    first = rows[0]["file"].rsplit(".", 1)[0]
+    shutil.copy(PHOTOS / rows[0]["file"], src / f"{first}_copy.jpg")  # sorts next to it
+    for case in ["C01_trunc/truncated_jpeg.jpg", "C38_zero/empty.jpg",
+                 "C41_ext/html_redirect_page.jpg", "C35_bomb/decompression_bomb.gif",
+                 "C06_exif/hopper_orientation_6.jpg", "C40_ext/hopper_png_bytes.jpg"]:
+        shutil.copy(CASES / case, src / case.split("/")[1])
+    return src

@@ -1,0 +1,143 @@
+"""Whole jobs on a real local Ray: output, statuses, quarantine, retries, modes, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.errors import PlanError
+from pipeline.io import plan as planning
+from pipeline.io.checkpoint import CheckpointStore, committed_files
+from pipeline.io.sources import make_datasource
+from pipeline.runtime.driver import run_job
+from pipeline.spec import JobSpec
+from tests.conftest import CASES, PHOTOS, coco_captions
+
+
+def make_spec(src: Path, out: Path, **over) -> JobSpec:
+    data = {"name": "e2e", "source": {"kind": "files", "uri": str(src), "partition_size": 5},
+            "sink": {"uri": str(out), "rows_per_row_group": 4},
+            "filters": {"min_width_px": 64, "min_height_px": 64},
+            "runtime": {"batch_size": 3, "num_workers": 1, "max_attempts": 2},
+            "text_embedding": {"replicas": 1, "num_cpus": 0.5}}
+    for section, values in over.items():
+        data.setdefault(section, {}).update(values)
+    return JobSpec.model_validate(data)
+
+
+def read_output(out: Path):
+    files = committed_files(str(out))
+    return pq.ParquetDataset(files).read() if files else None
+
+
+def check_partition_accounting(out: Path) -> dict:
+    markers = CheckpointStore(str(out)).markers()
+    for pid, m in markers.items():
+        s = m["rows_by_status"]
+        assert m["rows_in"] == s["ok"] + s["rejected"] + s["error"] == m["rows_planned"], pid
+        rows = pq.read_table(out / m["files"][0]).num_rows
+        assert rows == m["rows_in"]
+    return markers
+
+
+def test_mixed_real_input_end_to_end(ray_local, mixed_input, tmp_path):
+    out = tmp_path / "out"
+    report = run_job(make_spec(mixed_input, out))
+    assert report.complete and report.partitions_total == 4
+    markers = check_partition_accounting(out)
+    assert sorted(markers) == ["p-000000", "p-000001", "p-000002", "p-000003"]
+    table = read_output(out)
+    rows = {r["key"]: r for r in table.to_pylist()}
+    assert len(rows) == 19 and all(r["status"] in ("ok", "rejected", "error") for r in rows.values())
+    first = coco_captions()[0]["key"]
+    dup = rows[f"{first}_copy"]
+    assert (dup["status"], dup["reject_reason"], dup["duplicate_of"]) == ("rejected", "duplicate", first)
+    expect_errors = {"truncated_jpeg": ("truncated", "corrupt"), "empty": ("empty_file",),
+                     "html_redirect_page": ("not_an_image",), "decompression_bomb": ("too_large",)}
+    for key, reasons in expect_errors.items():
+        assert rows[key]["status"] == "error" and rows[key]["error"].split(":")[0] in reasons, rows[key]
+    # the same Grace Hopper portrait as a PNG named .jpg and as an EXIF-rotated JPEG:
+    # sniffed as PNG, and caught as a near duplicate of the upright JPEG
+    png = rows["hopper_png_bytes"]
+    assert (png["format"], png["status"], png["reject_reason"]) == ("PNG", "rejected", "duplicate")
+    assert png["duplicate_of"] == "hopper_orientation_6" and png["duplicate_hamming"] <= 4
+    assert png["sha256"] != rows["hopper_orientation_6"]["sha256"]   # not a byte copy
+    for r in rows.values():
+        if r["status"] == "rejected":
+            assert r["reject_reason"]
+        if r["status"] == "error":
+            assert r["error"] and r["image"] is None
+    ok = [r for r in rows.values() if r["status"] == "ok"]
+    assert len(ok) == 13 and all(r["image"][:3] == b"\xff\xd8\xff" for r in ok)
+    for row in coco_captions()[:12]:
+        r = rows[row["key"]]
+        assert r["caption"] == row["captions"][0]
+        assert (r["width"], r["height"]) == (row["width"], row["height"])
+        assert min(r["image_width"], r["image_height"]) == 256
+        vec = np.asarray(r["text_embedding"], dtype=np.float32)
+        assert vec.shape == (384,) and abs(np.linalg.norm(vec) - 1) < 1e-4
+    assert rows["hopper_orientation_6"]["caption_flags"] == ["missing_caption"]
+    assert rows["hopper_orientation_6"]["text_embedding"] is None
+    emb_type = table.schema.field("text_embedding").type
+    assert pa.types.is_fixed_size_list(emb_type) and emb_type.list_size == 384
+    assert emb_type.value_type == pa.float32()
+    # quarantine: exactly the error rows, with their original bytes
+    q_files = [out / f for m in markers.values() for f in m["files"] if f.startswith("quarantine/")]
+    quarantined = {r["key"]: r for f in q_files for r in pq.read_table(f).to_pylist()}
+    assert set(quarantined) == {k for k, r in rows.items() if r["status"] == "error"}
+    assert quarantined["truncated_jpeg"]["source_bytes"] == (
+        CASES / "C01_trunc" / "truncated_jpeg.jpg").read_bytes()
+    success = json.loads((out / "_SUCCESS").read_text())
+    assert success["rows_by_status"] == {"ok": 13, "rejected": 2, "error": 4}
+    assert success["complete"] is True
+
+
+def test_rerun_skips_committed_partitions_and_modes(ray_local, mixed_input, tmp_path):
+    out = tmp_path / "out"
+    spec = make_spec(mixed_input, out, text_embedding={"enabled": False})
+    first = run_job(spec)
+    attempts = {p: m["attempt_id"] for p, m in CheckpointStore(str(out)).markers().items()}
+    again = run_job(spec)
+    assert again.partitions_committed == [] and len(again.partitions_skipped) == 4
+    assert {p: m["attempt_id"] for p, m in CheckpointStore(str(out)).markers().items()} == attempts
+    assert again.rows_by_status == first.rows_by_status
+    with pytest.raises(PlanError, match="another spec fingerprint"):
+        run_job(make_spec(mixed_input, out, text_embedding={"enabled": False},
+                          resize={"size_px": 128}))
+    with pytest.raises(PlanError, match="not empty"):
+        run_job(make_spec(mixed_input, out, runtime={"mode": "error-if-exists"},
+                          text_embedding={"enabled": False}))
+    over = run_job(make_spec(mixed_input, out, runtime={"mode": "overwrite"},
+                             text_embedding={"enabled": False}))
+    assert len(over.partitions_committed) == 4
+    new = {p: m["attempt_id"] for p, m in CheckpointStore(str(out)).markers().items()}
+    assert set(new) == set(attempts) and not set(new.values()) & set(attempts.values())
+
+
+def test_poison_partition_is_retried_then_reported_and_others_complete(ray_local, tmp_path):
+    src = tmp_path / "manifests"
+    src.mkdir()
+    rows = coco_captions()
+    for name, chunk in (("a.jsonl", rows[:4]), ("b.jsonl", rows[4:8]), ("c.jsonl", rows[8:12])):
+        (src / name).write_text("\n".join(json.dumps({"path": str(PHOTOS / r["file"]),
+                                                      "caption": r["captions"][0]}) for r in chunk))
+    out = tmp_path / "out"
+    spec = make_spec(src, out, source={"kind": "manifest", "partition_size": 4},
+                     text_embedding={"enabled": False})
+    planning.load_or_create(str(out), spec.source,
+                            make_datasource(spec.source, spec.decode).list_inputs)
+    (src / "b.jsonl").write_text('{"path": "broken')           # corrupted after planning
+    report = run_job(spec)
+    assert not report.complete
+    assert list(report.partitions_failed) == ["p-000001"]
+    assert "b.jsonl" in report.partitions_failed["p-000001"]
+    assert len(report.attempts["p-000001"]) == 2                 # max_attempts
+    assert sorted(report.partitions_committed) == ["p-000000", "p-000002"]
+    assert not (out / "_SUCCESS").exists()
+    assert not list((out / "data").glob("p-000001/*"))           # failed attempts cleaned up
+    assert "FAILED p-000001" in report.format()

@@ -1,0 +1,119 @@
+"""Datasources (files + sidecars, Parquet/CSV/JSONL manifests) and the partition plan."""
+
+from __future__ import annotations
+
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.errors import PlanError
+from pipeline.io import plan as planning
+from pipeline.io.sources import make_datasource
+from pipeline.spec import DecodeSpec, SourceSpec
+from tests.conftest import PHOTOS, coco_captions
+
+POOL = ThreadPoolExecutor(2)
+
+
+def test_files_datasource_lists_media_and_sidecars(mixed_input):
+    spec = SourceSpec(kind="files", uri=str(mixed_input), partition_size=5)
+    src = make_datasource(spec, DecodeSpec())
+    items = list(src.list_inputs())
+    assert len(items) == 19                     # 12 photos + 1 copy + 6 case files
+    assert [i.uri for i in items] == sorted(i.uri for i in items)
+    assert sum(i.caption_uri is not None for i in items) == 12
+    plan = planning.make_plan(items, spec)
+    assert [len(p.inputs) for p in plan.partitions] == [5, 5, 5, 4]
+    assert [p.partition_id for p in plan.partitions] == ["p-000000", "p-000001", "p-000002", "p-000003"]
+    batches = list(src.read_batches(plan.partitions[0], 3, POOL))
+    assert [len(b["key"]) for b in batches] == [3, 2]
+    by_key = {r["key"]: (i, r) for i, r in enumerate(coco_captions()[:12])}
+    for batch in batches:
+        for j, key in enumerate(batch["key"]):
+            i, row = by_key[key]
+            assert batch["_source_bytes"][j] == (PHOTOS / row["file"]).read_bytes()
+            if i % 2:   # .txt sidecar: raw bytes, decoded by the caption step
+                assert batch["_raw_caption"][j] == row["captions"][0].encode()
+                assert batch["metadata_json"][j] is None
+            else:       # .json sidecar: caption key, the rest as metadata_json
+                assert batch["_raw_caption"][j] == row["captions"][0]
+                assert json.loads(batch["metadata_json"][j]) == {"license": row["license"]}
+
+
+def test_files_datasource_empty_prefix_fails_planning(tmp_path):
+    src = make_datasource(SourceSpec(kind="files", uri=str(tmp_path)), DecodeSpec())
+    with pytest.raises(PlanError, match="no files"):
+        list(src.list_inputs())
+
+
+def test_oversized_file_becomes_error_without_reading(mixed_input):
+    spec = SourceSpec(kind="files", uri=str(mixed_input), partition_size=100)
+    src = make_datasource(spec, DecodeSpec(max_bytes=1000))
+    part = planning.make_plan(list(src.list_inputs()), spec).partitions[0]
+    batch = next(src.read_batches(part, 100, POOL))
+    big = [i for i, e in enumerate(batch["error"]) if e and e.startswith("too_large")]
+    assert len(big) >= 13 and all(batch["_source_bytes"][i] is None for i in big)
+
+
+def _manifest_rows(n: int) -> list[dict]:
+    return [{"path": str(PHOTOS / r["file"]), "caption": r["captions"][1], "key": r["key"],
+             "width": r["width"], "license": r["license"]} for r in coco_captions()[:n]]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl"])
+def test_manifest_formats_carry_columns(tmp_path, fmt):
+    rows = _manifest_rows(7)
+    table = pa.Table.from_pylist(rows)
+    path = tmp_path / f"m.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    elif fmt == "csv":
+        pacsv.write_csv(table, path)
+    else:
+        path.write_text("\n".join(json.dumps(r) for r in rows))
+    spec = SourceSpec(kind="manifest", uri=str(path), key_column="key", partition_size=3)
+    src = make_datasource(spec, DecodeSpec())
+    plan = planning.make_plan(list(src.list_inputs()), spec)
+    assert [p.rows_planned for p in plan.partitions] == [3, 3, 1]
+    fields = {f.name for f in src.extra_fields(plan.partitions[1])}
+    assert fields == {"meta_width", "license"}   # `width` is reserved: carried as meta_width
+    batch = next(src.read_batches(plan.partitions[1], 10, POOL))
+    assert batch["key"] == [r["key"] for r in rows[3:6]]
+    assert batch["_raw_caption"] == [r["caption"] for r in rows[3:6]]
+    assert batch["meta_width"] == [r["width"] for r in rows[3:6]]
+    assert batch["_source_bytes"][0] == (PHOTOS / coco_captions()[3]["file"]).read_bytes()
+
+
+def test_manifest_missing_media_is_a_row_error(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps({"url": "missing.jpg", "caption": "x"}) + "\n"
+                    + json.dumps({"url": None, "caption": "y"}) + "\n")
+    spec = SourceSpec(kind="manifest", uri=str(path))
+    src = make_datasource(spec, DecodeSpec())
+    part = planning.make_plan(list(src.list_inputs()), spec).partitions[0]
+    batch = next(src.read_batches(part, 10, POOL))
+    assert batch["error"][0].startswith("read_failed:") and "missing.jpg" in batch["error"][0]
+    assert batch["error"][1].startswith("read_failed:")
+
+
+def test_plan_is_written_once_and_reused_with_listing_change_warning(mixed_input, tmp_path, caplog):
+    spec = SourceSpec(kind="files", uri=str(mixed_input), partition_size=4)
+    src = make_datasource(spec, DecodeSpec())
+    out = str(tmp_path / "out")
+    plan1, how1 = planning.load_or_create(out, spec, src.list_inputs)
+    assert how1 == "new" and len(plan1.partitions) == 5
+    plan2, how2 = planning.load_or_create(out, spec, src.list_inputs)
+    assert how2 == "stored" and plan2 == plan1
+    (mixed_input / "late_arrival.jpg").write_bytes((PHOTOS / coco_captions()[20]["file"]).read_bytes())
+    with caplog.at_level(logging.WARNING):
+        plan3, how3 = planning.load_or_create(out, spec, src.list_inputs)
+    assert how3 == "stored, input listing changed" and plan3 == plan1
+    assert "input listing has changed" in caplog.text
+    other = SourceSpec(kind="files", uri=str(mixed_input), partition_size=3)
+    with pytest.raises(PlanError, match="another source spec"):
+        planning.load_or_create(out, other, src.list_inputs)

@@ -1,0 +1,113 @@
+"""Resize/encode, filters, hashes and in-partition dedup on real photos (no Ray)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipeline.records import SOURCE_BYTES, STATUS
+from pipeline.spec import DecodeSpec, DedupSpec, FilterSpec, ResizeSpec
+from pipeline.steps.dedup import DedupStep
+from pipeline.steps.decode import decode_image
+from pipeline.steps.image import (DecodeStep, FilterStep, HashStep, ResizeStep, phash64,
+                                  resize_pixels, target_size)
+from tests.conftest import PHOTOS, coco_captions
+
+ROWS = coco_captions()
+
+
+def _photo(i: int) -> bytes:
+    return (PHOTOS / ROWS[i]["file"]).read_bytes()
+
+
+def _batch(blobs: list[bytes], keys: list[str] | None = None) -> dict:
+    n = len(blobs)
+    return {"key": keys or [f"k{i}" for i in range(n)], STATUS: ["ok"] * n, "error": [None] * n,
+            "reject_reason": [None] * n, SOURCE_BYTES: blobs}
+
+
+@pytest.mark.parametrize("mode,size,w,h,expect", [
+    ("shorter_side", 256, 640, 427, (384, 256)),
+    ("shorter_side", 256, 200, 100, (200, 100)),        # no upscaling by default
+    ("longest_side", 256, 640, 427, (256, 171)),
+    ("center_crop", 256, 640, 427, (256, 256)),
+    ("none", 256, 640, 427, (640, 427)),
+])
+def test_resize_modes(mode, size, w, h, expect):
+    spec = ResizeSpec(mode=mode, size_px=size)
+    out = resize_pixels(np.zeros((h, w, 3), np.uint8), spec)
+    assert out.size == expect
+
+
+def test_upscale_option():
+    assert target_size(200, 100, ResizeSpec(size_px=256, upscale=True)) == (512, 256)
+
+
+@pytest.mark.parametrize("fmt,magic", [("jpeg", b"\xff\xd8\xff"), ("webp", b"RIFF")])
+def test_resize_step_reencodes_real_photo(fmt, magic):
+    batch = DecodeStep(DecodeSpec(), draft_min_side_px=128)(_batch([_photo(0)]))
+    assert batch["width"] == [ROWS[0]["width"]] and batch["height"] == [ROWS[0]["height"]]
+    assert min(batch["_pixels"][0].shape[:2]) >= 128
+    batch = ResizeStep(ResizeSpec(mode="center_crop", size_px=128, encode_format=fmt))(batch)
+    blob = batch["image"][0]
+    assert blob.startswith(magic)
+    img = Image.open(io.BytesIO(blob))
+    assert img.size == (128, 128) and img.mode == "RGB"
+    assert batch["_pixels"] == [None]
+
+
+def test_jpeg_draft_matches_full_decode_closely():
+    full = decode_image(_photo(1))
+    draft = decode_image(_photo(1), draft_min_side_px=100)
+    assert (draft.width, draft.height) == (full.width, full.height)
+    assert draft.pixels.shape[0] < full.pixels.shape[0]
+    small_full = np.asarray(Image.fromarray(full.pixels).resize(draft.pixels.shape[1::-1]))
+    assert np.abs(small_full.astype(int) - draft.pixels.astype(int)).mean() < 8
+
+
+def test_filters_reject_with_reason_and_keep_rows():
+    batch = {"key": ["a", "b", "c"], STATUS: ["ok", "ok", "error"], "error": [None, None, "x"],
+             "reject_reason": [None] * 3, "width": [640, 50, 10], "height": [100, 400, 10]}
+    out = FilterStep(FilterSpec(min_width_px=64, max_aspect_ratio=3.0))(batch)
+    assert out[STATUS] == ["rejected", "rejected", "error"]
+    assert out["reject_reason"] == ["aspect_ratio", "too_small", None]
+
+
+def test_hashes_and_exact_and_near_dedup_inside_partition():
+    original = _photo(2)
+    img = Image.open(io.BytesIO(original))
+    buf = io.BytesIO()
+    img.resize((img.width // 2, img.height // 2)).save(buf, "JPEG", quality=70)
+    blobs = [original, _photo(3), original, buf.getvalue(), _photo(4)]
+    batch = DecodeStep(DecodeSpec())(_batch(blobs, ["orig", "other", "copy", "small", "third"]))
+    batch = HashStep()(batch)
+    assert batch["sha256"][0] == batch["sha256"][2] != batch["sha256"][3]
+    assert all(isinstance(p, int) and 0 <= p < 2**64 for p in batch["phash"])
+    step = DedupStep(DedupSpec(max_hamming_distance=6))
+    step.start_partition("p-000000")
+    out = step(batch)
+    assert out[STATUS] == ["ok", "ok", "rejected", "rejected", "ok"]
+    assert out["reject_reason"][2:4] == ["duplicate", "duplicate"]
+    assert out["duplicate_of"][2:4] == ["orig", "orig"]
+    assert out["duplicate_hamming"][2] == 0 and out["duplicate_hamming"][3] <= 6
+    # state is per partition: a new partition forgets what it saw
+    step.start_partition("p-000001")
+    again = step(DecodeStep(DecodeSpec())(_batch([original])) | {"sha256": [batch["sha256"][0]],
+                                                                 "phash": [batch["phash"][0]]})
+    assert again[STATUS] == ["ok"]
+
+
+def test_distinct_coco_photos_are_not_near_duplicates():
+    hashes = [phash64(decode_image(_photo(i)).pixels) for i in range(20)]
+    dists = [bin(a ^ b).count("1") for i, a in enumerate(hashes) for b in hashes[i + 1:]]
+    assert min(dists) > 4
+
+
+def test_decode_step_turns_bad_bytes_into_error_rows():
+    batch = DecodeStep(DecodeSpec())(_batch([b"", b"<html><body>moved</body></html>", _photo(0)]))
+    assert batch[STATUS] == ["error", "error", "ok"]
+    assert batch["error"][0].startswith("empty_file:")
+    assert batch["error"][1].startswith("not_an_image:")

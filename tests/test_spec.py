@@ -1,0 +1,67 @@
+"""Job spec validation, overrides, fingerprint and the ``mmpipe validate`` exit code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.errors import SpecError
+from pipeline.spec import fingerprint, load_spec
+from tests.conftest import REPO
+
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+
+
+def test_quickstart_spec_is_valid_and_has_at_least_4_partitions():
+    spec = load_spec(QUICKSTART)
+    assert spec.source.kind == "manifest"
+    assert spec.source.partition_size * 4 <= 57 + spec.source.partition_size - 1
+    assert -(-57 // spec.source.partition_size) >= 4
+
+
+def test_bad_value_names_field_and_value():
+    with pytest.raises(SpecError) as e:
+        load_spec(QUICKSTART, ["resize.size_px=-3"])
+    assert e.value.field == "resize.size_px"
+    assert e.value.value == -3
+    assert "resize.size_px" in str(e.value) and "-3" in str(e.value)
+
+
+def test_unknown_field_is_rejected():
+    with pytest.raises(SpecError) as e:
+        load_spec(QUICKSTART, ["resize.sise_px=128"])
+    assert e.value.field == "resize.sise_px"
+
+
+def test_overrides_input_output_and_set():
+    spec = load_spec(QUICKSTART, ["source.partition_size=4", "filters.max_aspect_ratio=2.5"],
+                     input_uri="/data/in.parquet", output_uri="/data/out")
+    assert spec.source.uri == "/data/in.parquet"
+    assert spec.sink.uri == "/data/out"
+    assert spec.source.partition_size == 4
+    assert spec.filters.max_aspect_ratio == 2.5
+
+
+def test_fingerprint_tracks_output_fields_only():
+    base = fingerprint(load_spec(QUICKSTART))
+    assert fingerprint(load_spec(QUICKSTART, ["runtime.num_workers=7"])) == base
+    assert fingerprint(load_spec(QUICKSTART, [], output_uri="/elsewhere")) == base
+    assert fingerprint(load_spec(QUICKSTART, ["resize.size_px=128"])) != base
+    assert fingerprint(load_spec(QUICKSTART, ["source.partition_size=5"])) != base
+
+
+def test_cli_validate_exit_codes(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "pipeline", "validate", str(QUICKSTART)],
+                        capture_output=True, text=True, cwd=REPO)
+    assert ok.returncode == 0, ok.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("source: {kind: files, uri: /x, partition_size: 0}\nsink: {uri: /y}\n")
+    out = subprocess.run([sys.executable, "-m", "pipeline", "validate", str(bad)],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2
+    assert "source.partition_size" in out.stderr and "got 0" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "pipeline", "validate", str(QUICKSTART),
+                          "--set", "source.kind=ftp"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2 and "source.kind" in out.stderr and "'ftp'" in out.stderr
