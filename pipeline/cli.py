@@ -45,7 +45,7 @@ def cmd_run(args) -> int:
 
     from pipeline.runtime.driver import run_job
 
-    address = args.address or os.environ.get("RAY_ADDRESS")
+    address = args.address or os.environ.get("RAY_ADDRESS") or None
     ray.init(address=address, logging_level=logging.WARNING,
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}},
              include_dashboard=None if address else False)
