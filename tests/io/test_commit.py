@@ -1,0 +1,45 @@
+"""The commit protocol without Ray: two attempts of one partition, exactly one visible."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow.parquet as pq
+
+from pipeline import cli
+from pipeline.io import plan as planning
+from pipeline.io.checkpoint import CheckpointStore, committed_files
+from pipeline.io.sources import make_datasource
+from pipeline.runtime.partition import build_steps, process_partition
+from pipeline.spec import JobSpec, fingerprint
+
+
+def test_second_attempt_loses_the_race_and_deletes_its_files(mixed_input, tmp_path, capsys):
+    out = tmp_path / "out"
+    spec = JobSpec.model_validate({
+        "source": {"kind": "files", "uri": str(mixed_input), "partition_size": 10},
+        "sink": {"uri": str(out)}, "text_embedding": {"enabled": False}})
+    source = make_datasource(spec.source, spec.decode)
+    plan, _ = planning.load_or_create(str(out), spec.source, source.list_inputs)
+    part = plan.partitions[0]
+    pool = ThreadPoolExecutor(2)
+    fp = fingerprint(spec)
+    first = process_partition(part, "aaaa", spec, fp, source, build_steps(spec, pool), None, pool)
+    second = process_partition(part, "bbbb", spec, fp, source, build_steps(spec, pool), None, pool)
+    assert first["committed"] and not second["committed"]
+    marker = CheckpointStore(str(out)).markers()[part.partition_id]
+    assert marker["attempt_id"] == "aaaa" and marker["fingerprint"] == fp
+    assert not (out / "data" / part.partition_id / "a-bbbb").exists()
+    assert not (out / "quarantine" / part.partition_id / "a-bbbb").exists()
+    files = committed_files(str(out))
+    assert len(files) == 1 and "a-aaaa" in files[0]
+    assert pq.read_table(files[0]).num_rows == marker["rows_in"] == len(part.inputs)
+    for rel, digest in marker["sha256"].items():
+        assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == digest
+    assert cli.main(["status", str(out)]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["partitions_planned"] == 2 and status["partitions_committed"] == 1
+    assert status["partitions_pending"] == 1
+    assert sum(status["rows_by_status"].values()) == len(part.inputs)
