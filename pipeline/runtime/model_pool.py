@@ -7,7 +7,6 @@ replica if its actor died (DESIGN.md failure model).
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from typing import Any
@@ -66,23 +65,20 @@ def start_model_pool(spec: TextEmbedSpec, job_name: str) -> list[ray.actor.Actor
 
 
 class ModelClient:
-    """A worker's view of the pool: ``submit`` batches, ``result`` them in order.
-
-    At most ``max_in_flight`` batches are outstanding; ``submit`` blocks on the oldest
-    when that many are in flight (back-pressure).
+    """A worker's view of the pool: ``submit`` a batch (round-robin over replicas, the
+    texts put once in the object store) and later ``result`` it. The caller bounds how
+    many are in flight (``process_partition``: ``text_embedding.max_in_flight``).
     """
 
-    def __init__(self, actors: list, max_in_flight: int, first: int = 0):
+    def __init__(self, actors: list, first: int = 0):
         self.actors = actors
-        self.max_in_flight = max_in_flight
         self.next = first % max(1, len(actors))
-        self.pending: collections.deque = collections.deque()
 
     def _call(self, texts_ref, attempt: int):
         actor = self.actors[(self.next + attempt) % len(self.actors)]
         return actor.embed.remote(texts_ref)
 
-    def submit(self, texts: list[str]) -> "ray.ObjectRef":
+    def submit(self, texts: list[str]) -> tuple:
         ref = ray.put(texts)
         out = self._call(ref, 0)
         self.next = (self.next + 1) % len(self.actors)

@@ -34,7 +34,7 @@ class PartitionWorker:
         self.source = make_datasource(self.spec.source, self.spec.decode)
         self.steps = build_steps(self.spec, self.pool)
         self.embedding_dim = embedding_dim
-        self.client = (ModelClient(model_actors, self.spec.text_embedding.max_in_flight, index)
+        self.client = (ModelClient(model_actors, index)
                        if model_actors else None)
         self.current = "idle"
 
