@@ -1,4 +1,4 @@
-"""Command line: ``mmpipe validate | run | status``.
+"""Command line: ``mmpipe validate | run | status | gc | submit | logs | stop``.
 
 Exit codes: 0 success; 1 the job ran but some partition failed (named in the report);
 2 a bad job spec or unusable input/output, reported before anything runs.
@@ -65,16 +65,86 @@ def cmd_status(args) -> int:
     from pipeline.io.plan import read_plan
 
     plan = read_plan(args.output)
-    markers = CheckpointStore(args.output).markers()
-    total = len(plan.partitions) if plan else 0
+    store = CheckpointStore(args.output)
+    markers, failures = store.markers(), store.failures()
+    total = len(plan) if plan else 0
     rows: dict[str, int] = {}
     for m in markers.values():
         for k, v in m["rows_by_status"].items():
             rows[k] = rows.get(k, 0) + v
     print(json.dumps({"output": args.output, "partitions_planned": total,
                       "partitions_committed": len(markers),
-                      "partitions_pending": max(0, total - len(markers)),
+                      "partitions_failed": {p: f["error"] for p, f in sorted(failures.items())},
+                      "partitions_pending": max(0, total - len(markers) - len(failures)),
                       "rows_by_status": rows}, indent=1))
+    return 0
+
+
+def cmd_gc(args) -> int:
+    from pipeline.io import fs
+    from pipeline.io.checkpoint import unreferenced_files
+
+    garbage = unreferenced_files(args.output)
+    for uri in garbage:
+        print(f"{'would delete' if args.dry_run else 'delete'} {uri}")
+        if not args.dry_run:
+            fs.delete_file(uri)
+    print(f"{len(garbage)} unreferenced files{' (dry run)' if args.dry_run else ' deleted'}")
+    return 0
+
+
+def cmd_submit(args) -> int:
+    spec = _load(args)  # a bad spec fails here, before anything is uploaded
+    from pipeline.runtime import submit
+
+    for what, uri in (("source.uri", spec.source.uri), ("sink.uri", spec.sink.uri)):
+        if "://" not in uri and not os.path.isabs(uri):
+            log.warning("%s %r is relative: on the cluster it resolves inside the job's "
+                        "working_dir; use an absolute path or s3:// for output you keep", what, uri)
+    bad = [item for item in args.env if "=" not in item or item.startswith("=")]
+    if bad:
+        raise submit.SubmitError(f"--env {bad[0]!r}: expected KEY=VALUE")
+    env = dict(item.split("=", 1) for item in args.env)
+    run_argv = [a for flag, v in (("--input", args.input), ("--output", args.output),
+                                  ("--mode", args.mode)) if v for a in (flag, v)]
+    run_argv += [a for s in args.set for a in ("--set", s)]
+    sub = submit.submit(args.spec, run_argv, address=args.address, working_dir=args.working_dir,
+                        installed=args.installed, env=env, job_name=spec.name,
+                        submission_id=args.submission_id,
+                        metadata={"mmpipe_job": spec.name, "fingerprint": fingerprint(spec)})
+    print(f"submitted {sub.submission_id}")
+    print(f"  dashboard: {sub.dashboard_url}")
+    print(f"  logs:      mmpipe logs {sub.submission_id} --address {sub.address}")
+    print(f"  stop:      mmpipe stop {sub.submission_id} --address {sub.address}")
+    sys.stdout.flush()
+    if not args.wait:
+        return 0
+    status = submit.wait(submit.client(args.address), sub.submission_id, follow=True,
+                         out=sys.stdout)
+    print(f"job {sub.submission_id}: {status}")
+    return 0 if status == "SUCCEEDED" else 1
+
+
+def cmd_logs(args) -> int:
+    from pipeline.runtime import submit
+
+    jobs = submit.client(args.address)
+    if args.follow:
+        status = submit.wait(jobs, args.id, follow=True, out=sys.stdout)
+        print(f"job {args.id}: {status}")
+    else:
+        sys.stdout.write(submit.logs(jobs, args.id))
+    return 0
+
+
+def cmd_stop(args) -> int:
+    from pipeline.runtime import submit
+
+    jobs = submit.client(args.address)
+    was_running = submit.stop(jobs, args.id)
+    print(f"job {args.id}: {'stop requested' if was_running else 'not running'}")
+    if args.wait:
+        print(f"job {args.id}: {submit.wait(jobs, args.id, follow=False)}")
     return 0
 
 
@@ -93,7 +163,42 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="committed/pending partitions of an output, from markers")
     p.add_argument("output", help="output location (sink.uri)")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("gc", help="delete output files no commit marker names (run when no job "
+                       "is writing to OUTPUT)")
+    p.add_argument("output", help="output location (sink.uri)")
+    p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    p.set_defaults(func=cmd_gc)
+    _job_commands(sub)
     return parser
+
+
+def _job_commands(sub) -> None:
+    address_help = ("Ray dashboard/job API URL, e.g. http://HEAD:8265 (default: "
+                    "RAY_API_SERVER_ADDRESS, else http://127.0.0.1:8265); the auth token comes "
+                    "from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token")
+    p = sub.add_parser("submit", help="submit `mmpipe run SPEC` as a Ray job to a cluster")
+    _spec_args(p)
+    p.add_argument("--address", help=address_help)
+    p.add_argument("--working-dir", help="directory uploaded as the job's working_dir "
+                   "(default: the mmpipe checkout holding the current directory)")
+    p.add_argument("--installed", action="store_true", help="the cluster image has mmpipe "
+                   "installed: upload only the spec (inputs/outputs must be absolute or s3://)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment variable for the job (repeatable)")
+    p.add_argument("--submission-id", help="job id to use (default: mmpipe-<job>-<random>)")
+    p.add_argument("--wait", action="store_true",
+                   help="follow the logs until the job ends; exit 0 only if it succeeded")
+    p.set_defaults(func=cmd_submit)
+    p = sub.add_parser("logs", help="print a submitted job's logs (its driver output)")
+    p.add_argument("id", help="submission id printed by `mmpipe submit`")
+    p.add_argument("--address", help=address_help)
+    p.add_argument("--follow", "-f", action="store_true", help="follow until the job ends")
+    p.set_defaults(func=cmd_logs)
+    p = sub.add_parser("stop", help="stop a submitted job (resubmit the spec to resume it)")
+    p.add_argument("id", help="submission id printed by `mmpipe submit`")
+    p.add_argument("--address", help=address_help)
+    p.add_argument("--wait", action="store_true", help="wait until it has stopped")
+    p.set_defaults(func=cmd_stop)
 
 
 def main(argv: list[str] | None = None) -> int:

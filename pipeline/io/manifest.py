@@ -32,29 +32,26 @@ def manifest_format(uri: str, declared: str) -> str:
 
 def list_manifests(uri: str, declared: str) -> list[tuple[str, int]]:
     """Return ``(uri, size_bytes)`` of the manifest file ``uri`` or the manifests under it, sorted."""
-    fsys, path = fs.resolve(uri)
-    info = fsys.get_file_info(path)
-    if info.is_file:
-        return [(fs.normalize(uri), info.size)]
-    root = fs.normalize(uri)
+    size = fs.file_size(uri)
+    if size is not None:
+        return [(fs.normalize(uri), size)]
     found = []
-    for f in fs.list_files(uri):
-        ext = posixpath.splitext(f.path)[1].lower()
+    for entry in fs.list_files(uri):
+        ext = posixpath.splitext(entry.uri)[1].lower()
         if (declared == "auto" and ext in _EXTENSIONS) or _EXTENSIONS.get(ext) == declared:
-            found.append((root + f.path[len(path):], f.size))
-    return sorted(found)
+            found.append((entry.uri, entry.size_bytes))
+    return found
 
 
 def _read_table(uri: str, fmt: str, string_columns: tuple[str, ...] = ()) -> pa.Table:
-    fsys, path = fs.resolve(uri)
     try:
+        data = pa.BufferReader(fs.read_bytes(uri))
         if fmt == "parquet":
-            return pq.read_table(path, filesystem=fsys)
-        with fsys.open_input_stream(path) as f:
-            if fmt == "csv":  # keys like 000123 must stay strings, not be inferred as ints
-                types = {c: pa.string() for c in string_columns if c}
-                return pacsv.read_csv(f, convert_options=pacsv.ConvertOptions(column_types=types))
-            return pajson.read_json(f)
+            return pq.read_table(data)
+        if fmt == "csv":  # keys like 000123 must stay strings, not be inferred as ints
+            types = {c: pa.string() for c in string_columns if c}
+            return pacsv.read_csv(data, convert_options=pacsv.ConvertOptions(column_types=types))
+        return pajson.read_json(data)
     except (pa.ArrowException, OSError) as e:
         raise PartitionError(f"manifest {uri}: cannot read as {fmt}: {e}") from e
 
@@ -65,8 +62,8 @@ def count_rows(uri: str, declared: str) -> int:
     try:
         if fmt == "parquet":
             fsys, path = fs.resolve(uri)
-            with fsys.open_input_file(path) as f:
-                return pq.ParquetFile(f).metadata.num_rows
+            return fs.with_retries(uri, "read footer",
+                                   lambda: pq.read_metadata(path, filesystem=fsys).num_rows)
         return _read_table(uri, fmt).num_rows
     except (pa.ArrowException, OSError, PartitionError) as e:
         raise PlanError(f"manifest {uri}: cannot count rows: {e}") from e
@@ -78,8 +75,8 @@ def read_schema(uri: str, declared: str, string_columns: tuple[str, ...] = ()) -
     if fmt == "parquet":
         fsys, path = fs.resolve(uri)
         try:
-            with fsys.open_input_file(path) as f:
-                return pq.ParquetFile(f).schema_arrow
+            return fs.with_retries(uri, "read schema",
+                                   lambda: pq.read_schema(path, filesystem=fsys))
         except (pa.ArrowException, OSError) as e:
             raise PartitionError(f"manifest {uri}: cannot read schema: {e}") from e
     return _read_table(uri, fmt, string_columns).schema

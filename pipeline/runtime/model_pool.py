@@ -1,96 +1,182 @@
-"""``ModelActor``: one model replica in a Ray actor; ``ModelClient``: a worker's handle.
+"""``ModelActor``: one replica of one model step; ``ModelPool``s; ``ModelClient``: a worker's handle.
 
-Workers send whole batches by object reference (one actor call per batch, never per
-record), keep at most ``max_in_flight`` calls outstanding, and retry a batch on another
-replica if its actor died (DESIGN.md failure model).
+One mechanism for every model step (``text_embedding``, ``image_embedding``,
+``captioning``): each enabled section gets a pool of ``replicas`` ModelActors (``num_gpus``
+each, fractional allowed) that load their backend once (``models.registry``) and serve it
+with a ``BatchServer`` (coalescing, prepare/compute overlap, OOM halving). Actors are
+threaded (``actor_concurrency`` requests at once), so several batches are in flight per
+actor. Workers send whole batches by object reference (one actor call per batch, never per
+record), keep at most ``max_in_flight`` outstanding, and retry a batch on another replica
+if its actor died (DESIGN.md failure model).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
 
-import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
-from pipeline.spec import TextEmbedSpec
+from pipeline.models.base import ModelInfo
+from pipeline.runtime.metrics import ModelMetrics, job_namespace
+from pipeline.runtime.model_steps import ModelTask
+from pipeline.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
 
 @ray.remote
 class ModelActor:
-    """Holds one text-embedding model replica; ``embed(texts) -> (n, D) float32``."""
+    """Holds one replica of the model of spec section ``section``; ``run(inputs) -> columns``."""
 
-    def __init__(self, model: str, batch_size: int, num_gpus: float):
-        from pipeline.models.text import TextEmbedder
+    def __init__(self, section: str, spec_json: str):
+        from pipeline.io import fs
+        from pipeline.models.registry import load_backend
+        from pipeline.models.serving import BatchServer
+        from pipeline.models.torch_util import pick_device
 
+        t0 = time.time()
+        spec = JobSpec.model_validate_json(spec_json)
+        fs.configure(**spec.storage.model_dump())  # s3:// weights
+        self.section = section
         self.name = ray.get_runtime_context().get_actor_name()
-        self.embedder = TextEmbedder(model, device="cuda" if num_gpus > 0 else "cpu")
-        self.batch_size = batch_size
-        self.stats = {"batches": 0, "records": 0, "busy_s": 0.0, "started_s": time.time()}
+        section_spec = getattr(spec, section)
+        device = pick_device(section_spec.num_gpus)
+        if section_spec.num_gpus > 0 and device == "cpu":
+            log.warning("%s: %s.num_gpus=%s but CUDA is not available here; running on CPU",
+                        self.name, section, section_spec.num_gpus)
+        self.backend = load_backend(section, spec, device)
+        self.metrics = ModelMetrics(section, self.name)
+        self.server = BatchServer(self.backend, section_spec.batch_size,
+                                  on_batch=self.metrics.on_batch)
+        self.started = time.time()
+        self.load_s = self.started - t0
+        log.info("%s: loaded %s in %.1fs", self.name, self.backend.info.description, self.load_s)
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        t0 = time.perf_counter()
-        out = self.embedder(texts, batch_size=self.batch_size)
-        self.stats["busy_s"] += time.perf_counter() - t0
-        self.stats["batches"] += 1
-        self.stats["records"] += len(texts)
-        return out
+    def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Run one worker batch (coalesced with others queued here); return its columns."""
+        return self.server(inputs)
+
+    def ready(self) -> ModelInfo:
+        return self.backend.info
 
     def get_stats(self) -> dict[str, Any]:
-        return dict(self.stats, name=self.name, alive_s=time.time() - self.stats["started_s"])
-
-    def ready(self) -> int:
-        return self.embedder.dim
+        return dict(self.server.stats(), name=self.name, model=self.section,
+                    backend=self.backend.info.backend, description=self.backend.info.description,
+                    load_s=round(self.load_s, 2), alive_s=round(time.time() - self.started, 2))
 
     def __repr__(self) -> str:
-        return f"ModelActor({self.name}, batches={self.stats['batches']})"
+        return f"ModelActor({getattr(self, 'name', 'starting')})"
 
 
-def start_model_pool(spec: TextEmbedSpec, job_name: str) -> list[ray.actor.ActorHandle]:
-    """Start ``spec.replicas`` ModelActors and wait until each has loaded its model.
+@dataclasses.dataclass
+class ModelPool:
+    """The replicas of one model step and what they told at start-up."""
 
-    Raises the actor's error (e.g. ``FileNotFoundError`` naming the model location) if a
-    model cannot load, so a bad model fails at job start, not in the middle of a partition.
+    section: str
+    actors: list
+    info: ModelInfo
+    max_in_flight: int
+
+
+def reserved_cpus(spec: JobSpec) -> float:
+    """CPUs the enabled model pools reserve (``replicas * num_cpus`` summed)."""
+    from pipeline.models.registry import enabled_sections
+
+    return sum(getattr(spec, s).replicas * getattr(spec, s).num_cpus
+               for s in enabled_sections(spec))
+
+
+def start_model_pools(spec: JobSpec) -> list[ModelPool]:
+    """Start every enabled section's replicas together and wait until each has loaded.
+
+    Raises the first actor's error (e.g. ``ModelLoadError`` naming the model location, or
+    an out-of-memory while loading), after killing what was started, so a bad model fails
+    at job start, not in the middle of a partition.
     """
-    actors = [ModelActor.options(name=f"ModelActor-minilm-{i}-{job_name}",
-                                 num_cpus=spec.num_cpus, num_gpus=spec.num_gpus,
-                                 max_restarts=2).remote(spec.model, spec.batch_size, spec.num_gpus)
-              for i in range(spec.replicas)]
-    ray.get([a.ready.remote() for a in actors])
-    return actors
+    from pipeline.models.registry import enabled_sections
+
+    started: dict[str, list] = {}
+    for section in enabled_sections(spec):
+        sspec = getattr(spec, section)
+        started[section] = [
+            ModelActor.options(name=f"ModelActor-{section}-{i}", namespace=job_namespace(spec.name),
+                               num_cpus=sspec.num_cpus, num_gpus=sspec.num_gpus,
+                               max_concurrency=sspec.actor_concurrency + 2, max_restarts=2)
+            .remote(section, spec.model_dump_json()) for i in range(sspec.replicas)]
+    try:
+        infos = {s: ray.get([a.ready.remote() for a in actors]) for s, actors in started.items()}
+    except Exception:
+        stop_model_pools([ModelPool(s, a, None, 1) for s, a in started.items()])
+        raise
+    return [ModelPool(s, actors, infos[s][0], getattr(spec, s).max_in_flight)
+            for s, actors in started.items()]
+
+
+def stop_model_pools(pools: list[ModelPool]) -> None:
+    for pool in pools:
+        for actor in pool.actors:
+            ray.kill(actor)
+
+
+def model_stats(pools: list[ModelPool], timeout_s: float = 10) -> list[dict[str, Any]]:
+    """Each actor's ``get_stats()`` (best effort: an actor that does not answer is left out)."""
+    out = []
+    for pool in pools:
+        for actor in pool.actors:
+            try:
+                out.append(ray.get(actor.get_stats.remote(), timeout=timeout_s))
+            except Exception:  # noqa: BLE001 - stats are best effort at shutdown
+                log.warning("no stats from a %s model actor", pool.section)
+    return out
+
+
+def worker_tasks(pools: list[ModelPool], index: int, wrap=None) -> list[ModelTask]:
+    """A worker's ``ModelTask`` per pool; ``wrap(client)`` (optional) decorates each client,
+    e.g. with metrics. Worker ``index`` picks the first replica (spreads the load)."""
+    tasks = []
+    for pool in pools:
+        client = ModelClient(pool.actors, index)
+        tasks.append(ModelTask(pool.section, wrap(client) if wrap else client, pool.info,
+                               pool.max_in_flight))
+    return tasks
 
 
 class ModelClient:
-    """A worker's view of the pool: ``submit`` a batch (round-robin over replicas, the
-    texts put once in the object store) and later ``result`` it. The caller bounds how
-    many are in flight (``process_partition``: ``text_embedding.max_in_flight``).
-    """
+    """A worker's view of one pool: ``submit`` a batch (round-robin over replicas, the
+    inputs put once in the object store) and later ``result`` it; ``ready`` polls."""
 
     def __init__(self, actors: list, first: int = 0):
         self.actors = actors
         self.next = first % max(1, len(actors))
 
-    def _call(self, texts_ref, attempt: int):
-        actor = self.actors[(self.next + attempt) % len(self.actors)]
-        return actor.embed.remote(texts_ref)
+    def _call(self, inputs_ref, replica: int):
+        return self.actors[replica % len(self.actors)].run.remote(inputs_ref)
 
-    def submit(self, texts: list[str]) -> tuple:
-        ref = ray.put(texts)
-        out = self._call(ref, 0)
+    def submit(self, inputs: dict[str, Any]) -> tuple:
+        from pipeline.models.serving import SUBMITTED_AT
+
+        ref = ray.put(dict(inputs, **{SUBMITTED_AT: time.time()}))
+        replica = self.next
         self.next = (self.next + 1) % len(self.actors)
-        return ref, out
+        return [ref, self._call(ref, replica), replica]
 
-    def result(self, handle) -> np.ndarray:
+    def ready(self, handle) -> bool:
+        done, _ = ray.wait([handle[1]], timeout=0)
+        return bool(done)
+
+    def result(self, handle) -> dict[str, Any]:
         """Wait for a submitted batch; retry on the other replicas if its actor died."""
-        texts_ref, out = handle
-        for attempt in range(1, len(self.actors) + 2):
+        inputs_ref, out, replica = handle
+        for _ in range(len(self.actors) + 1):
             try:
                 return ray.get(out)
             except RayActorError:
-                log.warning("model actor died; retrying the batch on another replica")
-                out = self._call(texts_ref, attempt)
+                log.warning("model actor %d died; retrying the batch on another replica",
+                            replica % len(self.actors))
+                replica += 1
+                out = handle[1] = self._call(inputs_ref, replica)
         return ray.get(out)

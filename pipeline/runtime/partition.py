@@ -1,10 +1,10 @@
-"""Processing one partition end to end: read -> steps -> model -> write -> commit.
+"""Processing one partition end to end: read -> steps -> models -> write -> commit.
 
 ``process_partition`` is plain Python (no Ray), so the same code runs inside a
-``PartitionWorker`` actor, in a plain loop (benchmarks) and in tests. Model calls go
-through an ``embed_client`` with ``submit(texts) -> handle`` and ``result(handle) ->
-(n, D) float32``; at most ``max_in_flight`` batches wait on it, the rest of the
-pipeline keeps going meanwhile.
+``PartitionWorker`` actor, in a plain loop (benchmarks) and in tests. Model steps go
+through ``pipeline.runtime.model_steps``: each model's client has ``submit(inputs) ->
+handle`` and ``result(handle) -> columns``; at most ``max_in_flight`` batches wait on the
+models, the rest of the pipeline keeps going meanwhile.
 """
 
 from __future__ import annotations
@@ -17,26 +17,36 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pipeline import __version__
+from pipeline.io import retry
 from pipeline.io.checkpoint import CheckpointStore
 from pipeline.io.sinks import ParquetDatasink, output_schema
 from pipeline.io.sources import Datasource
-from pipeline.records import (CAPTION, ERROR, PARTITION_ID, REJECT_REASON, STATUS, TEXT_EMBEDDING,
-                              Batch, Partition, Status)
+from pipeline.records import (ERROR, PARTITION_ID, REJECT_REASON, STATUS, TEXT_EMBEDDING, Batch,
+                              Partition, Status)
+from pipeline.runtime.model_steps import ModelPlan, as_model_plan
 from pipeline.spec import JobSpec
 from pipeline.steps.base import RowStep, Step
 from pipeline.steps.caption import CaptionStep
 from pipeline.steps.dedup import DedupStep
 from pipeline.steps.image import DecodeStep, FilterStep, HashStep, ResizeStep
+from pipeline.steps.model_input import ModelInputStep
 
 log = logging.getLogger(__name__)
 
 
-def build_steps(spec: JobSpec, executor: ThreadPoolExecutor | None = None) -> list[Step]:
-    """The CPU steps of a job, in order: caption, decode, filter, hash, dedup, resize."""
+def build_steps(spec: JobSpec, executor: ThreadPoolExecutor | None = None,
+                model_geometries: list | tuple = ()) -> list[Step]:
+    """The CPU steps of a job, in order: caption, decode, filter, hash, dedup, model
+    inputs (one uint8 array per record and ``ImageGeometry``, if any model takes images),
+    resize. JPEG draft decoding keeps the pixels large enough for every consumer."""
     draft = spec.resize.size_px if spec.resize.mode != "none" else None
+    if draft is not None and model_geometries:
+        draft = max([draft] + [g.min_side_px for g in model_geometries])
     steps: list[Step] = [CaptionStep(spec.captions), DecodeStep(spec.decode, draft),
-                         FilterStep(spec.filters), HashStep(), DedupStep(spec.dedup),
-                         ResizeStep(spec.resize)]
+                         FilterStep(spec.filters), HashStep(), DedupStep(spec.dedup)]
+    if model_geometries:
+        steps.append(ModelInputStep(list(model_geometries)))
+    steps.append(ResizeStep(spec.resize))
     for step in steps:
         if isinstance(step, RowStep):
             step.executor = executor
@@ -45,13 +55,14 @@ def build_steps(spec: JobSpec, executor: ThreadPoolExecutor | None = None) -> li
 
 
 class LocalEmbedClient:
-    """An in-process ``embed_client`` (plain loops and tests): computes on ``submit``."""
+    """An in-process caption-embedding client (plain loops and tests): computes on
+    ``submit({"text": [...]})``, returns ``{"text_embedding": (n, D) float32}``."""
 
     def __init__(self, embedder):
         self.embedder = embedder
 
-    def submit(self, texts: list[str]):
-        return self.embedder(texts)
+    def submit(self, inputs: dict[str, Any]):
+        return {TEXT_EMBEDDING: self.embedder(inputs["text"])}
 
     def result(self, handle):
         return handle
@@ -71,16 +82,21 @@ def _start_batch(batch: Batch, partition_id: str) -> Batch:
 
 
 def process_partition(partition: Partition, attempt_id: str, spec: JobSpec, fingerprint: str,
-                      source: Datasource, steps: list[Step], embed_client: Any | None,
+                      source: Datasource, steps: list[Step], models: Any | None,
                       pool: ThreadPoolExecutor, embedding_dim: int | None = None) -> dict[str, Any]:
     """Run one attempt of ``partition``; return its outcome (the marker, plus ``committed``).
 
-    Raises whatever the datasource or sink raises (the caller retries the partition);
-    this attempt's files are deleted first.
+    ``models``: None, a ``ModelPlan``, a list of ``ModelTask``, or a single caption
+    embedding client (then ``embedding_dim`` gives its width); see ``model_steps``.
+    Raises whatever the datasource, a model or the sink raises (the caller retries the
+    partition); this attempt's files are deleted first.
     """
     started = time.time()
+    throttled_before, retried_before = retry.POLICY.throttled_requests, retry.POLICY.retried_requests
     pid = partition.partition_id
-    schema = output_schema(source.extra_fields(partition), embedding_dim)
+    plan = as_model_plan(spec, models, embedding_dim)
+    schema = output_schema(source.extra_fields(partition), None,
+                           [f.arrow() for f in plan.fields])
     sink = ParquetDatasink(spec.sink.uri, pid, attempt_id, spec.sink, schema)
     pending: collections.deque = collections.deque()
     try:
@@ -90,17 +106,10 @@ def process_partition(partition: Partition, attempt_id: str, spec: JobSpec, fing
             batch = _start_batch(batch, pid)
             for step in steps:
                 batch = step(batch)
-            if embed_client is None:
-                sink.write(batch)
-                continue
-            rows = [i for i, s in enumerate(batch[STATUS])
-                    if s == Status.OK.value and batch[CAPTION][i] is not None]
-            handle = embed_client.submit([batch[CAPTION][i] for i in rows]) if rows else None
-            pending.append((batch, rows, handle))
-            while len(pending) >= spec.text_embedding.max_in_flight:
-                _finish(pending.popleft(), embed_client, sink)
-        while pending:
-            _finish(pending.popleft(), embed_client, sink)
+            pending.append(plan.start(batch))
+            plan.promote(pending)
+            _write_ready(plan, pending, sink, plan.max_in_flight)
+        _write_ready(plan, pending, sink, 1)
         result = sink.close()
     except BaseException:
         sink.abort()
@@ -114,6 +123,8 @@ def process_partition(partition: Partition, attempt_id: str, spec: JobSpec, fing
         "rows_by_reason": result.rows_by_reason, "bytes_written": result.bytes_written,
         "started_at": started, "finished_at": time.time(),
         "duration_s": round(time.time() - started, 3), "mmpipe_version": __version__,
+        "throttled_requests": retry.POLICY.throttled_requests - throttled_before,
+        "retried_requests": retry.POLICY.retried_requests - retried_before,
     }
     committed = CheckpointStore(spec.sink.uri).commit(pid, marker)
     if not committed:
@@ -123,12 +134,9 @@ def process_partition(partition: Partition, attempt_id: str, spec: JobSpec, fing
     return dict(marker, committed=committed)
 
 
-def _finish(item, embed_client, sink: ParquetDatasink) -> None:
-    batch, rows, handle = item
-    n = len(batch[STATUS])
-    batch[TEXT_EMBEDDING] = [None] * n
-    if handle is not None:
-        vectors = embed_client.result(handle)
-        for j, i in enumerate(rows):
-            batch[TEXT_EMBEDDING][i] = vectors[j]
-    sink.write(batch)
+def _write_ready(plan: ModelPlan, pending: collections.deque, sink: ParquetDatasink,
+                 max_in_flight: int) -> None:
+    """Write finished batches from the front, and complete the oldest ones until fewer
+    than ``max_in_flight`` wait (``1``: all of them)."""
+    while pending and (plan.done(pending[0]) or len(pending) >= max_in_flight):
+        sink.write(plan.finish(pending.popleft()))

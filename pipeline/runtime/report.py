@@ -28,6 +28,8 @@ class JobReport:
     rows_by_reason: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     rows_processed: int = 0
     bytes_written: int = 0
+    throttled_requests: int = 0
+    retried_requests: int = 0
     wall_s: float = 0.0
     model_actors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
@@ -39,6 +41,8 @@ class JobReport:
             self.partitions_committed.append(marker["partition_id"])
             self.rows_processed += marker["rows_in"]
             self.bytes_written += marker["bytes_written"]
+            self.throttled_requests += marker.get("throttled_requests", 0)
+            self.retried_requests += marker.get("retried_requests", 0)
         else:
             self.partitions_skipped.append(marker["partition_id"])
 
@@ -76,8 +80,23 @@ class JobReport:
             lines.append("  reasons: " + ", ".join(f"{k}={v}" for k, v in
                                                    sorted(self.rows_by_reason.items())))
         lines.append(f"  this run: {self.rows_processed} records in {self.wall_s:.1f}s "
-                     f"({self.records_per_s:.1f} records/s), {self.bytes_written / 2**20:.1f} MiB written")
+                     f"({self.records_per_s:.1f} records/s), {self.bytes_written / 2**20:.1f} MiB written, "
+                     f"{self.retried_requests} storage requests retried "
+                     f"({self.throttled_requests} throttled)")
+        lines += [format_model_actor(a) for a in self.model_actors]
         for pid, err in sorted(self.partitions_failed.items()):
             lines.append(f"  FAILED {pid}: {err}")
         lines.append(f"  output: {self.output_uri}")
         return "\n".join(lines)
+
+
+def format_model_actor(stats: dict[str, Any]) -> str:
+    """One report line per model actor: throughput, busy share, queue wait."""
+    if "busy_fraction" not in stats:  # an actor that predates serving stats
+        return f"  model {stats.get('name', '?')}: {stats.get('records', 0)} records"
+    idle = stats.get("idle_fraction")
+    waited = f", waited for input {idle:.0%} of the time" if idle is not None else ""
+    return (f"  model {stats['name']} ({stats.get('description', '')}): {stats['records']} "
+            f"records in {stats['batches']} batches (mean {stats['mean_batch_rows']} rows), "
+            f"{stats['records_per_s']:.1f} records/s, busy {stats['busy_fraction']:.0%}{waited}, "
+            f"queue wait mean {stats['queue_wait_mean_s'] * 1000:.1f} ms")

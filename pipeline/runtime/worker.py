@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
 
 from pipeline.io.sources import make_datasource
-from pipeline.records import Partition
-from pipeline.runtime.model_pool import ModelClient
+from pipeline.io import fs
+from pipeline.runtime import chaos
+from pipeline.io.plan import read_partition
+from pipeline.runtime import metrics
+from pipeline.runtime.model_pool import worker_tasks
 from pipeline.runtime.partition import build_steps, process_partition
 from pipeline.spec import JobSpec
 
@@ -21,34 +25,43 @@ log = logging.getLogger(__name__)
 class PartitionWorker:
     """Builds the steps once, then runs ``run(partition, attempt_id)`` calls one by one.
 
-    ``model_actors`` is the ModelActor pool (empty when no model step is enabled).
+    ``model_pools`` are the started ``ModelPool``s (empty when no model step is enabled).
     """
 
-    def __init__(self, spec_json: str, fingerprint: str, index: int, model_actors: list,
-                 embedding_dim: int | None):
+    def __init__(self, spec_json: str, fingerprint: str, index: int, model_pools: list):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         self.spec = JobSpec.model_validate_json(spec_json)
+        fs.configure(**self.spec.storage.model_dump())
         self.fingerprint = fingerprint
         self.index = index
+        self.metrics = metrics.WorkerMetrics(self.spec.name, index)
         self.pool = ThreadPoolExecutor(self.spec.runtime.decode_threads)
-        self.source = make_datasource(self.spec.source, self.spec.decode)
-        self.steps = build_steps(self.spec, self.pool)
-        self.embedding_dim = embedding_dim
-        self.client = (ModelClient(model_actors, index)
-                       if model_actors else None)
+        self.source = self.metrics.count_reads(make_datasource(self.spec.source,
+                                                               self.spec.decode))
+        self.steps = build_steps(self.spec, self.pool,
+                                 [p.info.image for p in model_pools if p.info.image])
+        self.models = worker_tasks(model_pools, index, wrap=self.metrics.count_model_calls)
         self.current = "idle"
 
-    def run(self, partition: Partition, attempt_id: str) -> dict[str, Any]:
-        """Process and commit one partition attempt; return its outcome."""
-        self.current = f"{partition.partition_id}/a-{attempt_id}"
+    def run(self, partition_id: str, attempt_id: str) -> dict[str, Any]:
+        """Read partition ``partition_id`` from the plan, process and commit it; return
+        the outcome (the commit marker plus ``committed``)."""
+        self.current = f"{partition_id}/a-{attempt_id}"
+        metrics.show_actor_state(self)  # the log prefix names the partition in hand
+        started = time.perf_counter()
+        chaos.maybe_kill_worker(partition_id)
+        partition = read_partition(self.spec.sink.uri, partition_id)
         log.info("partition %s: attempt %s started (%d inputs)", partition.partition_id,
                  attempt_id, len(partition.inputs))
         try:
             out = process_partition(partition, attempt_id, self.spec, self.fingerprint,
-                                    self.source, self.steps, self.client, self.pool,
-                                    self.embedding_dim)
+                                    self.source, self.steps, self.models or None, self.pool)
+        except BaseException:
+            self.metrics.partition_failed(time.perf_counter() - started)
+            raise
         finally:
             self.current = "idle"
+        self.metrics.partition_done(out, time.perf_counter() - started)
         log.info("partition %s: attempt %s %s in %.2fs", partition.partition_id, attempt_id,
                  "committed" if out["committed"] else "lost the commit race", out["duration_s"])
         return dict(out, worker=f"PartitionWorker-{self.index}")

@@ -1,4 +1,5 @@
-"""SIGKILL the driver mid-job, run again: only uncommitted partitions run, output equals a clean run."""
+"""SIGKILL the driver mid-job, run again on a fresh Ray: only uncommitted partitions run,
+and the output equals a clean run's - on the local filesystem and on S3 (markers alone)."""
 
 from __future__ import annotations
 
@@ -6,66 +7,50 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+import pytest
 
-from pipeline.io.checkpoint import CheckpointStore, committed_files
-from tests.conftest import REPO
-
-PARTITIONS = 19  # 57 photos / partition_size 3
-
-
-def mmpipe(out: Path, home: Path, report: Path | None = None, **popen) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml",
-           "--output", str(out), "--set", "source.partition_size=3",
-           "--set", "runtime.num_workers=1", "--set", "runtime.batch_size=3"]
-    if report:
-        cmd += ["--report-json", str(report)]
-    env = dict(os.environ, HOME=str(home), HF_HUB_OFFLINE="1")
-    env.pop("RAY_ADDRESS", None)                # a fresh local Ray, as a new user gets it
-    return subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, **popen)
+from pipeline.io import fs
+from tests.conftest import PHOTOS, upload_dir
+from tests.e2e.jobs import COMPARED, PARTITIONS, finish, markers, mmpipe_run, rows_by_key
 
 
-def finish(proc: subprocess.Popen, timeout_s: float = 300) -> str:
-    out, _ = proc.communicate(timeout=timeout_s)
-    assert proc.returncode == 0, out
-    return out
+@pytest.fixture(params=["local", "s3"])
+def storage(request, tmp_path):
+    """``(output root, input uri or None, env)`` for the storage under test."""
+    if request.param == "local":
+        return str(tmp_path), None, {}
+    server = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("s3_env")
+    upload_dir(server.client(), bucket, "photos", PHOTOS)
+    return f"s3://{bucket}", f"s3://{bucket}/photos/captions.jsonl", server.env()
 
 
-def markers(out: Path) -> dict[str, str]:
-    return {p: m["attempt_id"] for p, m in CheckpointStore(str(out)).markers().items()}
-
-
-def rows_by_key(out: Path) -> dict[str, dict]:
-    table = pq.ParquetDataset(committed_files(str(out))).read()
-    return {r["key"]: r for r in table.to_pylist()}
-
-
-def test_killed_driver_resumes_only_uncommitted_partitions(tmp_path):
+def test_killed_driver_resumes_only_uncommitted_partitions(storage, tmp_path):
+    root, input_uri, env = storage
     home = tmp_path / "home"
     home.mkdir()
-    out = tmp_path / "killed"
-    proc = mmpipe(out, home, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpt = out / "_checkpoints"
+    out = f"{root}/killed"
+    proc = mmpipe_run(out, home, env, input_uri, stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
-    while time.time() < deadline and len(list(ckpt.glob("p-*.json"))) < 3:
+    while time.time() < deadline and len(markers(out)) < 3:
         assert proc.poll() is None, "the job ended before it could be killed"
-        time.sleep(0.05)
+        time.sleep(0.1)
     os.kill(proc.pid, signal.SIGKILL)          # the driver only, mid-job
     proc.wait()
     time.sleep(2)
-    os.killpg(proc.pid, signal.SIGKILL)        # then the local Ray it started
+    os.killpg(proc.pid, signal.SIGKILL)        # then the whole local Ray it started
     time.sleep(1)
     before = markers(out)
     assert 3 <= len(before) < PARTITIONS, f"{len(before)} partitions committed before the kill"
-    assert not (out / "_SUCCESS").exists()
+    assert not fs.exists(f"{out}/_SUCCESS")
 
     report_path = tmp_path / "report.json"
-    finish(mmpipe(out, home, report_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    finish(mmpipe_run(out, home, env, input_uri, report_path, stdout=subprocess.PIPE,
+                      stderr=subprocess.STDOUT, text=True))
     report = json.loads(report_path.read_text())
     assert sorted(report["partitions_skipped"]) == sorted(before)
     assert len(report["partitions_committed"]) == PARTITIONS - len(before)
@@ -73,15 +58,14 @@ def test_killed_driver_resumes_only_uncommitted_partitions(tmp_path):
     after = markers(out)
     assert len(after) == PARTITIONS
     assert {p: after[p] for p in before} == before       # committed work was not redone
-    assert json.loads((out / "_SUCCESS").read_text())["complete"] is True
+    assert json.loads(fs.read_bytes(f"{out}/_SUCCESS"))["complete"] is True
 
-    clean = tmp_path / "clean"
-    finish(mmpipe(clean, home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    clean = f"{root}/clean"
+    finish(mmpipe_run(clean, home, env, input_uri, stdout=subprocess.PIPE,
+                      stderr=subprocess.STDOUT, text=True))
     got, want = rows_by_key(out), rows_by_key(clean)
     assert sorted(got) == sorted(want) and len(got) == 57
     for key, w in want.items():
-        g = w and got[key]
-        for col in ("status", "reject_reason", "sha256", "phash", "caption", "width", "height",
-                    "image_width", "image_height", "partition_id"):
-            assert g[col] == w[col], (key, col)
-        np.testing.assert_allclose(g["text_embedding"], w["text_embedding"], atol=1e-5)
+        for col in COMPARED:
+            assert got[key][col] == w[col], (key, col)
+        np.testing.assert_allclose(got[key]["text_embedding"], w["text_embedding"], atol=1e-5)

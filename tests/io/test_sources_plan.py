@@ -27,10 +27,10 @@ def test_files_datasource_lists_media_and_sidecars(mixed_input):
     assert len(items) == 19                     # 12 photos + 1 copy + 6 case files
     assert [i.uri for i in items] == sorted(i.uri for i in items)
     assert sum(i.caption_uri is not None for i in items) == 12
-    plan = planning.make_plan(items, spec)
-    assert [len(p.inputs) for p in plan.partitions] == [5, 5, 5, 4]
-    assert [p.partition_id for p in plan.partitions] == ["p-000000", "p-000001", "p-000002", "p-000003"]
-    batches = list(src.read_batches(plan.partitions[0], 3, POOL))
+    parts = list(planning.pack(items, spec.partition_size))
+    assert [len(p.inputs) for p in parts] == [5, 5, 5, 4]
+    assert [p.partition_id for p in parts] == ["p-000000", "p-000001", "p-000002", "p-000003"]
+    batches = list(src.read_batches(parts[0], 3, POOL))
     assert [len(b["key"]) for b in batches] == [3, 2]
     by_key = {r["key"]: (i, r) for i, r in enumerate(coco_captions()[:12])}
     for batch in batches:
@@ -54,7 +54,7 @@ def test_files_datasource_empty_prefix_fails_planning(tmp_path):
 def test_oversized_file_becomes_error_without_reading(mixed_input):
     spec = SourceSpec(kind="files", uri=str(mixed_input), partition_size=100)
     src = make_datasource(spec, DecodeSpec(max_bytes=1000))
-    part = planning.make_plan(list(src.list_inputs()), spec).partitions[0]
+    part = next(planning.pack(src.list_inputs(), spec.partition_size))
     batch = next(src.read_batches(part, 100, POOL))
     big = [i for i, e in enumerate(batch["error"]) if e and e.startswith("too_large")]
     assert len(big) >= 13 and all(batch["_source_bytes"][i] is None for i in big)
@@ -78,11 +78,11 @@ def test_manifest_formats_carry_columns(tmp_path, fmt):
         path.write_text("\n".join(json.dumps(r) for r in rows))
     spec = SourceSpec(kind="manifest", uri=str(path), key_column="key", partition_size=3)
     src = make_datasource(spec, DecodeSpec())
-    plan = planning.make_plan(list(src.list_inputs()), spec)
-    assert [p.rows_planned for p in plan.partitions] == [3, 3, 1]
-    fields = {f.name for f in src.extra_fields(plan.partitions[1])}
+    parts = list(planning.pack(src.list_inputs(), spec.partition_size))
+    assert [p.rows_planned for p in parts] == [3, 3, 1]
+    fields = {f.name for f in src.extra_fields(parts[1])}
     assert fields == {"meta_width", "license"}   # `width` is reserved: carried as meta_width
-    batch = next(src.read_batches(plan.partitions[1], 10, POOL))
+    batch = next(src.read_batches(parts[1], 10, POOL))
     assert batch["key"] == [r["key"] for r in rows[3:6]]
     assert batch["_raw_caption"] == [r["caption"] for r in rows[3:6]]
     assert batch["meta_width"] == [r["width"] for r in rows[3:6]]
@@ -95,7 +95,7 @@ def test_manifest_missing_media_is_a_row_error(tmp_path):
                     + json.dumps({"url": None, "caption": "y"}) + "\n")
     spec = SourceSpec(kind="manifest", uri=str(path))
     src = make_datasource(spec, DecodeSpec())
-    part = planning.make_plan(list(src.list_inputs()), spec).partitions[0]
+    part = next(planning.pack(src.list_inputs(), spec.partition_size))
     batch = next(src.read_batches(part, 10, POOL))
     assert batch["error"][0].startswith("read_failed:") and "missing.jpg" in batch["error"][0]
     assert batch["error"][1].startswith("read_failed:")
@@ -106,7 +106,12 @@ def test_plan_is_written_once_and_reused_with_listing_change_warning(mixed_input
     src = make_datasource(spec, DecodeSpec())
     out = str(tmp_path / "out")
     plan1, how1 = planning.load_or_create(out, spec, src.list_inputs)
-    assert how1 == "new" and len(plan1.partitions) == 5
+    assert how1 == "new" and len(plan1) == 5
+    assert plan1.partition_ids == tuple(f"p-{i:06d}" for i in range(5))
+    assert plan1.rows_planned == (4, 4, 4, 4, 3)
+    parts = list(planning.pack(src.list_inputs(), 4))
+    for part in parts:
+        assert planning.read_partition(out, part.partition_id) == part
     plan2, how2 = planning.load_or_create(out, spec, src.list_inputs)
     assert how2 == "stored" and plan2 == plan1
     (mixed_input / "late_arrival.jpg").write_bytes((PHOTOS / coco_captions()[20]["file"]).read_bytes())

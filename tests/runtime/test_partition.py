@@ -41,7 +41,7 @@ def test_model_batches_in_flight_are_bounded_and_row_groups_stream(tmp_path):
         "sink": {"uri": str(tmp_path / "out"), "rows_per_row_group": 4},
         "runtime": {"batch_size": 2}, "text_embedding": {"max_in_flight": 3}})
     source = make_datasource(spec.source, spec.decode)
-    part = planning.make_plan(list(source.list_inputs()), spec.source).partitions[0]
+    part = next(planning.pack(source.list_inputs(), spec.source.partition_size))
     pool = ThreadPoolExecutor(2)
     client = CountingClient(TextEmbedder())
     out = process_partition(part, "cafe", spec, fingerprint(spec), source,

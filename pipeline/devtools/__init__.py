@@ -1,0 +1,1 @@
+"""Developer tools: local servers for examples and tests (not on the data path)."""

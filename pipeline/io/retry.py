@@ -1,0 +1,175 @@
+"""One retry helper for storage requests, and per-prefix AIMD concurrency limits.
+
+Transient errors (S3 503 SlowDown, 500, throttling, 409 ConditionalRequestConflict,
+connection resets, timeouts, and pyarrow's ``AWS Error SLOW_DOWN`` / ``INTERNAL_FAILURE``
+texts that its own retry strategy does not always cover) are retried with exponential
+backoff and full jitter (Brooker, "Exponential Backoff And Jitter", AWS Architecture Blog,
+2015). Permanent errors (403, 404, NoSuchBucket, bad credentials) are raised at once as
+``StorageError`` naming the URI.
+
+When the store says SlowDown, the request concurrency allowed for that prefix is halved;
+each success adds ``1/limit`` (additive increase, multiplicative decrease, as TCP
+congestion control). Throttled requests are counted per process (``throttled_requests``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from pipeline.errors import MmpipeError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+                   "TooManyRequests", "503"}
+_TRANSIENT_CODES = _THROTTLE_CODES | {"InternalError", "ServiceUnavailable", "RequestTimeout",
+                                      "RequestTimeTooSkewed", "ConditionalRequestConflict",
+                                      "500", "502", "504", "409", "OperationAborted"}
+_THROTTLE_TEXT = ("SLOW_DOWN", "SlowDown", "THROTTLING", "Please reduce your request rate",
+                  "HTTP status 503", "HTTP response code 503")
+_TRANSIENT_TEXT = _THROTTLE_TEXT + (
+    "INTERNAL_FAILURE", "SERVICE_UNAVAILABLE", "NETWORK_CONNECTION", "REQUEST_TIMEOUT",
+    "Connection reset", "connection reset", "Broken pipe", "timed out", "Timeout",
+    "curlCode: 7", "curlCode: 28", "curlCode: 52", "curlCode: 55", "curlCode: 56",
+    "Connection was closed", "Connection refused", "Empty reply", "HTTP status 500",
+    "HTTP status 502", "HTTP status 504", "HTTP response code 500", "Unable to connect",
+    "Unable to parse ExceptionName")
+
+
+class StorageError(MmpipeError, OSError):
+    """A storage request failed permanently, or kept failing after every retry."""
+
+
+def classify(exc: BaseException) -> str:
+    """Return ``"throttle"``, ``"transient"`` or ``"permanent"`` for a storage exception."""
+    code = _client_error_code(exc)
+    if code is not None:
+        if code in _THROTTLE_CODES:
+            return "throttle"
+        return "transient" if code in _TRANSIENT_CODES else "permanent"
+    name = type(exc).__name__
+    if name in ("EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError",
+                "ConnectTimeoutError", "ConnectionError", "ProtocolError",
+                "IncompleteReadError", "ResponseStreamingError"):
+        return "transient"
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return "permanent"
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return "transient"
+    text = str(exc)
+    if any(t in text for t in _THROTTLE_TEXT):
+        return "throttle"
+    if isinstance(exc, OSError) and any(t in text for t in _TRANSIENT_TEXT):
+        return "transient"
+    return "permanent"
+
+
+def _client_error_code(exc: BaseException) -> str | None:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    code = str(response.get("Error", {}).get("Code", "")) or None
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if code in (None, "", "Unknown") and status:
+        code = str(status)
+    return code
+
+
+class AimdLimiter:
+    """A concurrency limit that halves on throttling and grows by 1/limit per success."""
+
+    def __init__(self, max_concurrency: int):
+        self.max = max_concurrency
+        self.limit = float(max_concurrency)
+        self.active = 0
+        self.cond = threading.Condition()
+
+    def __enter__(self) -> "AimdLimiter":
+        with self.cond:
+            while self.active >= int(self.limit):
+                self.cond.wait()
+            self.active += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self.cond:
+            self.active -= 1
+            self.cond.notify()
+
+    def on_success(self) -> None:
+        with self.cond:
+            self.limit = min(self.max, self.limit + 1.0 / self.limit)
+            self.cond.notify()
+
+    def on_throttle(self) -> None:
+        with self.cond:
+            self.limit = max(1.0, self.limit / 2)
+
+
+class RetryPolicy:
+    """Retry settings and the per-process throttling state (one per process)."""
+
+    def __init__(self, max_attempts: int = 8, base_delay_s: float = 0.05,
+                 max_delay_s: float = 5.0, max_concurrency_per_prefix: int = 64):
+        self.max_attempts = max_attempts
+        self.base_delay_s = base_delay_s
+        self.max_delay_s = max_delay_s
+        self.max_concurrency = max_concurrency_per_prefix
+        self.limiters: dict[str, AimdLimiter] = {}
+        self.lock = threading.Lock()
+        self.throttled_requests = 0
+        self.retried_requests = 0
+
+    def limiter(self, prefix: str) -> AimdLimiter:
+        with self.lock:
+            if prefix not in self.limiters:
+                self.limiters[prefix] = AimdLimiter(self.max_concurrency)
+            return self.limiters[prefix]
+
+    def call(self, fn: Callable[[], T], uri: str, what: str, prefix: str | None = None) -> T:
+        """Run ``fn()`` with retries; raise ``StorageError`` naming ``uri`` when it gives up."""
+        limiter = self.limiter(prefix) if prefix else None
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                if limiter is None:
+                    result = fn()
+                else:
+                    with limiter:
+                        result = fn()
+                    limiter.on_success()
+                return result
+            except Exception as e:  # noqa: BLE001 - classified below; permanent ones re-raised
+                kind = classify(e)
+                if kind == "permanent":
+                    if isinstance(e, FileNotFoundError):
+                        raise
+                    raise StorageError(f"{what} {uri}: {type(e).__name__}: {e}") from e
+                with self.lock:
+                    self.retried_requests += 1
+                    if kind == "throttle":
+                        self.throttled_requests += 1
+                if kind == "throttle" and limiter is not None:
+                    limiter.on_throttle()
+                if attempt == self.max_attempts:
+                    raise StorageError(f"{what} {uri}: gave up after {attempt} attempts: "
+                                       f"{type(e).__name__}: {e}") from e
+                delay = random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** attempt))
+                log.debug("%s %s: %s (%s); retry %d in %.2fs", what, uri, kind, e, attempt, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+
+POLICY = RetryPolicy()
+
+
+def configure(max_attempts: int, max_concurrency_per_prefix: int) -> None:
+    """Replace this process's retry policy (counters start again from 0)."""
+    global POLICY
+    POLICY = RetryPolicy(max_attempts=max_attempts,
+                         max_concurrency_per_prefix=max_concurrency_per_prefix)

@@ -1,0 +1,87 @@
+"""CLIP and SigLIP: image embeddings, caption embeddings and their cosine (the LAION score).
+
+``transformers`` ``AutoModel`` (``CLIPModel``/``SiglipModel``) with ``AutoProcessor``: the
+processor's image settings give the CPU-side geometry (resize/crop, once per record) and
+the device-side normalisation (mean, std, rescale); its tokenizer encodes captions
+(SigLIP: padded to ``max_length`` 64 as it was trained; CLIP: to the longest, at most 77).
+
+Outputs: ``image_embedding`` (n, D) L2-normalised, float32 or float16 storage, D from the
+model; with ``score``: ``clip_score`` (n,) float32, the cosine of the image and caption
+embeddings, NaN where the row has no caption.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pipeline.models.base import ModelBackend, ModelInfo, OutputField
+from pipeline.models.torch_util import (copies_done, geometry_from_processor, l2_normalize,
+                                        normalizer_for, pick_dtype, to_device, to_device_uint8,
+                                        wait_for)
+from pipeline.records import CLIP_SCORE, IMAGE_EMBEDDING
+from pipeline.spec import ImageEmbedSpec
+
+
+def _features(out) -> torch.Tensor:
+    """transformers 5 returns a ModelOutput (projected ``pooler_output``); 4.x a tensor."""
+    return out.pooler_output if hasattr(out, "pooler_output") else out
+
+
+class DualEncoder(ModelBackend):
+    """``clip`` and ``siglip`` backends (same code; SigLIP pads text to max_length)."""
+
+    def __init__(self, model_dir: str, spec: ImageEmbedSpec, device: str, backend: str = "clip"):
+        from transformers import AutoModel, AutoProcessor
+
+        self.device, self.spec, self.backend = device, spec, backend
+        self.dtype = pick_dtype(spec.dtype, device)
+        self.processor = AutoProcessor.from_pretrained(model_dir)
+        self.model = AutoModel.from_pretrained(model_dir, dtype=self.dtype).to(device).eval()
+        self.geometry = geometry_from_processor(self.processor.image_processor)
+        self.normalize = normalizer_for(self.processor.image_processor,
+                                        (self.geometry.height_px, self.geometry.width_px),
+                                        device, self.dtype)
+        text_config = self.model.config.text_config
+        self.max_tokens = min(int(text_config.max_position_embeddings),
+                              int(self.processor.tokenizer.model_max_length))
+        self.pad = "max_length" if backend == "siglip" else "longest"
+        probe = np.zeros((1, self.geometry.height_px, self.geometry.width_px, 3), np.uint8)
+        with torch.inference_mode():  # also warms the model up
+            dim = self.run(self.prepare({"pixels": probe, "text": ["a"]}))[IMAGE_EMBEDDING].shape[1]
+        outputs = [OutputField(IMAGE_EMBEDDING, "vector", dim, spec.embedding_dtype)]
+        if spec.score:
+            outputs.append(OutputField(CLIP_SCORE, "float"))
+        self.info = ModelInfo(backend, tuple(outputs), image=self.geometry,
+                              text="optional" if spec.score else None,
+                              description=f"{backend} {type(self.model).__name__} D={dim} "
+                              f"on {device} {str(self.dtype).removeprefix('torch.')}")
+
+    def prepare(self, inputs):
+        prepared = {"pixels": to_device_uint8(inputs["pixels"], self.device)}
+        if self.spec.score:
+            texts = list(inputs["text"])
+            prepared["has_text"] = np.array([t is not None for t in texts])
+            tokens = self.processor.tokenizer([t or "" for t in texts], padding=self.pad,
+                                              truncation=True, max_length=self.max_tokens,
+                                              return_tensors="pt")
+            for key, value in tokens.items():
+                prepared[f"text_{key}"] = to_device(value, self.device)
+        prepared["_ready"] = copies_done(self.device)
+        return prepared
+
+    def run(self, prepared):
+        wait_for(prepared.get("_ready"))
+        pixels = self.normalize(prepared["pixels"])
+        image = _features(self.model.get_image_features(pixel_values=pixels))
+        image_np = l2_normalize(image)
+        out = {IMAGE_EMBEDDING: image_np.astype(np.float16 if self.spec.embedding_dtype == "float16"
+                                                else np.float32)}
+        if self.spec.score:
+            text_inputs = {k.removeprefix("text_"): v for k, v in prepared.items()
+                           if k.startswith("text_")}
+            text_np = l2_normalize(_features(self.model.get_text_features(**text_inputs)))
+            score = np.einsum("nd,nd->n", image_np, text_np).astype(np.float32)
+            score[~np.asarray(prepared["has_text"], dtype=bool)] = np.nan
+            out[CLIP_SCORE] = score
+        return out

@@ -1,0 +1,175 @@
+"""Small random-initialised checkpoints of the real architectures, for tests and CPU demos.
+
+``build_tiny_models(root)`` writes, with the libraries' own config classes and
+``save_pretrained``, a directory per model that loads through the normal
+``from_pretrained(local_dir)`` code path, exactly like downloaded weights:
+
+* ``tiny-clip``   ``CLIPModel`` + ``CLIPProcessor`` (224 px, shorter side + centre crop)
+* ``tiny-siglip`` ``SiglipModel`` + ``SiglipProcessor`` (224 px, squash)
+* ``tiny-blip``   ``BlipForConditionalGeneration`` + ``BlipProcessor`` (384 px, squash)
+* ``tiny-llava``  ``LlavaForConditionalGeneration`` + ``LlavaProcessor`` (the generic
+  image-text-to-text path; 224 px)
+
+Input sizes, image processors and tokenizers are those of the real models (BLIP's is
+bert-base-uncased plus ``[DEC]``, taken from the bundled MiniLM vocabulary; CLIP, SigLIP
+and LLaVA get byte-level BPE / Unigram tokenizers trained on the bundled COCO captions),
+so pre-processing, tokenisation and generation run the real code; only the widths and
+depths are tiny and the weights random. Their embeddings and captions are therefore junk:
+use them to exercise the pipeline, never to judge output quality.
+
+``full_size=True`` keeps the real widths and depths (CLIP ViT-B/32, SigLIP base, BLIP base)
+with random weights: compute per image is that of the real model, which is what
+``bench/gpu_check.py`` needs when no real weights are at hand.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+CAPTIONS = REPO / "data" / "photos" / "captions.jsonl"
+SEED = 0
+NAMES = ("tiny-clip", "tiny-siglip", "tiny-blip", "tiny-llava")
+
+
+def _captions() -> list[str]:
+    if not CAPTIONS.is_file():
+        return ["a photo of a cat", "a dog on a beach", "two people riding bikes"]
+    rows = [json.loads(line) for line in CAPTIONS.read_text().splitlines() if line.strip()]
+    return [c for r in rows for c in r.get("captions", [])]
+
+
+def _clip_tokenizer(vocab_size: int):
+    from transformers import CLIPTokenizer
+
+    return CLIPTokenizer().train_new_from_iterator(_captions(), vocab_size=vocab_size)
+
+
+def _vision(full_size: bool, image_size: int, patch: int) -> dict:
+    if full_size:
+        return {"image_size": image_size, "patch_size": patch}
+    return {"image_size": image_size, "patch_size": patch, "hidden_size": 32,
+            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "initializer_range": 0.5}  # wide: outputs then visibly depend on the image
+
+
+def _text(full_size: bool, vocab_size: int, **extra) -> dict:
+    if full_size:
+        return {"vocab_size": vocab_size, **extra}
+    return {"vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "initializer_range": 0.1, **extra}
+
+
+def build_clip(path: Path, full_size: bool = False) -> Path:
+    """CLIP ViT-B/32 layout (224 px, patch 32), tiny unless ``full_size``."""
+    from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPProcessor
+
+    tok = _clip_tokenizer(1000)
+    config = CLIPConfig(
+        text_config=_text(full_size, len(tok), max_position_embeddings=77,
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                          pad_token_id=tok.pad_token_id),
+        vision_config=_vision(full_size, 224, 32),
+        projection_dim=512 if full_size else 64)
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 224},
+                                            crop_size={"height": 224, "width": 224})
+    return _save(path, CLIPModel(config), CLIPProcessor(image_processor, tok))
+
+
+def build_siglip(path: Path, full_size: bool = False) -> Path:
+    """SigLIP base layout (224 px, patch 16, squash resize), tiny unless ``full_size``."""
+    from transformers import (SiglipConfig, SiglipImageProcessorPil, SiglipModel,
+                              SiglipProcessor, T5Tokenizer)
+
+    tok = T5Tokenizer().train_new_from_iterator(_captions(), vocab_size=800)
+    config = SiglipConfig(
+        text_config=_text(full_size, len(tok), max_position_embeddings=64,
+                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                          bos_token_id=tok.eos_token_id),
+        vision_config=_vision(full_size, 224, 16))
+    image_processor = SiglipImageProcessorPil(size={"height": 224, "width": 224})
+    return _save(path, SiglipModel(config), SiglipProcessor(image_processor, tok))
+
+
+def build_blip(path: Path, full_size: bool = False) -> Path:
+    """BLIP captioning layout (384 px, patch 16, bert-base-uncased + ``[DEC]`` tokenizer)."""
+    from transformers import (BertTokenizer, BlipConfig, BlipForConditionalGeneration,
+                              BlipImageProcessorPil, BlipProcessor)
+
+    from pipeline.models.text import BUNDLED_MINILM, resolve_model_dir
+
+    tok = BertTokenizer.from_pretrained(resolve_model_dir(BUNDLED_MINILM))
+    tok.add_special_tokens({"bos_token": "[DEC]", "additional_special_tokens": ["[ENC]"]})
+    text = _text(full_size, len(tok), bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id,
+                 sep_token_id=tok.sep_token_id, eos_token_id=tok.sep_token_id)
+    if not full_size:
+        text["encoder_hidden_size"] = 32
+    config = BlipConfig(text_config=text, vision_config=_vision(full_size, 384, 16),
+                        projection_dim=512 if full_size else 32)
+    image_processor = BlipImageProcessorPil(size={"height": 384, "width": 384})
+    return _save(path, BlipForConditionalGeneration(config), BlipProcessor(image_processor, tok))
+
+
+def build_llava(path: Path, full_size: bool = False) -> Path:
+    """A tiny LLaVA (CLIP vision tower + Llama decoder): the generic image-text-to-text path."""
+    from transformers import (CLIPImageProcessorPil, LlavaConfig, LlavaForConditionalGeneration,
+                              LlavaProcessor, LlamaConfig)
+
+    from transformers import LlamaTokenizer
+
+    tok = LlamaTokenizer().train_new_from_iterator(_captions(), vocab_size=600)
+    tok.add_special_tokens({"pad_token": "<pad>", "additional_special_tokens": ["<image>"]})
+    vision = _vision(full_size, 224, 32)
+    vision.update(model_type="clip_vision_model")
+    llama = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                        pad_token_id=tok.pad_token_id)
+    config = LlavaConfig(vision_config=vision, text_config=llama.to_dict(),
+                         image_token_index=tok.convert_tokens_to_ids("<image>"),
+                         vision_feature_layer=-1)
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 224},
+                                            crop_size={"height": 224, "width": 224})
+    template = ("{% for m in messages %}{% for c in m['content'] %}{% if c['type'] == 'image' %}"
+                "<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endfor %}")
+    processor = LlavaProcessor(image_processor=image_processor, tokenizer=tok, patch_size=32,
+                               vision_feature_select_strategy="full", chat_template=template)
+    return _save(path, LlavaForConditionalGeneration(config), processor)
+
+
+BUILDERS = {"tiny-clip": build_clip, "tiny-siglip": build_siglip, "tiny-blip": build_blip,
+            "tiny-llava": build_llava}
+
+
+def _save(path: Path, model, processor) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
+def build_tiny_models(root: str | os.PathLike, names: tuple[str, ...] = NAMES,
+                      full_size: bool = False) -> dict[str, Path]:
+    """Build the named checkpoints under ``root`` (skipping those already there, as marked
+    by their ``config.json``); return name -> directory. Deterministic (seeded)."""
+    import torch
+
+    from transformers.utils import logging as hf_logging
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    hf_logging.disable_progress_bar()
+    out = {}
+    for name in names:
+        path = Path(root) / name
+        if not (path / "config.json").is_file():
+            torch.manual_seed(SEED)
+            log.info("building %s in %s", name, path)
+            BUILDERS[name](path, full_size=full_size)
+        out[name] = path
+    return out

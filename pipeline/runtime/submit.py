@@ -1,0 +1,207 @@
+"""Submit, follow and stop mmpipe jobs on a Ray cluster through its job API (port 8265).
+
+A submitted job runs ``python -m pipeline run SPEC ...`` as the Ray job's driver on the
+head. The code reaches the cluster in one of two ways:
+- ``working_dir`` (default): this checkout is zipped and uploaded (``.venv``, ``output``,
+  ``bench/out``, ``.git``, ``tests`` left out), so the spec and relative inputs travel with it;
+- ``installed``: the cluster image already has mmpipe (the Dockerfile); only the spec file
+  is uploaded, so its inputs and outputs must be absolute or ``s3://`` URIs.
+
+The Ray auth token (Ray >= 2.52 token authentication; KubeRay ``authOptions``) is read from
+``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``, and
+sent as ``Authorization: Bearer``. Nothing here retries a failed job: resubmitting the same
+spec resumes from the commit markers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from pipeline.errors import MmpipeError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "output", "bench/out", "tests",
+                        ".pytest_cache", "*.egg-info", "**/__pycache__", "*.pyc"]
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+# ``mmpipe run`` sets these itself (ray.init runtime_env); Ray refuses a job whose
+# runtime_env sets the same variable, so they may not be passed with --env.
+RESERVED_ENV = ("HF_HUB_OFFLINE",)
+
+
+class SubmitError(MmpipeError):
+    """The job could not be submitted, found or stopped (bad address, token, id)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Submission:
+    submission_id: str
+    address: str
+    entrypoint: str
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"{self.address}/#/jobs/{self.submission_id}"
+
+
+def resolve_address(address: str | None) -> str:
+    """``--address``, else ``RAY_API_SERVER_ADDRESS`` / an http ``RAY_ADDRESS``, else local."""
+    address = (address or os.environ.get("RAY_API_SERVER_ADDRESS")
+               or (os.environ.get("RAY_ADDRESS", "") if "://" in os.environ.get("RAY_ADDRESS", "")
+                   else "") or DEFAULT_ADDRESS)
+    if "://" not in address:
+        address = f"http://{address}"
+    if not address.startswith(("http://", "https://")):
+        raise SubmitError(f"--address {address!r}: use the dashboard's http(s)://HOST:8265 URL")
+    return address.rstrip("/")
+
+
+def auth_token() -> str | None:
+    """The Ray auth token from the environment (see module docstring), or None."""
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def client(address: str | None):
+    """A ``JobSubmissionClient`` for ``address`` carrying the auth token. Raises SubmitError."""
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    url = resolve_address(address)
+    token = auth_token()
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    try:
+        return JobSubmissionClient(url, headers=headers)
+    except AuthenticationError as e:
+        what = "the auth token" if token else "a request without an auth token"
+        raise SubmitError(f"{url} refused {what}: {_first_line(e)} (set RAY_AUTH_TOKEN to "
+                          "the cluster's token)") from e
+    except (ConnectionError, RuntimeError) as e:
+        raise SubmitError(f"cannot reach the Ray job API at {url}: {_first_line(e)}") from e
+
+
+def find_checkout(start: Path) -> Path:
+    """The nearest directory at or above ``start`` holding the ``pipeline`` package."""
+    for d in [start, *start.parents]:
+        if (d / "pipeline" / "__init__.py").is_file():
+            return d
+    raise SubmitError(f"no mmpipe checkout (a directory with pipeline/) at or above {start}; "
+                      "pass --working-dir, or --installed if the cluster image has mmpipe")
+
+
+def run_args(spec_rel: str, sets: list[str], input_uri: str | None, output_uri: str | None,
+             mode: str | None) -> list[str]:
+    """The ``mmpipe run`` command line the job's driver runs."""
+    args = ["python", "-m", "pipeline", "run", spec_rel]
+    for flag, value in (("--input", input_uri), ("--output", output_uri), ("--mode", mode)):
+        if value:
+            args += [flag, value]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def submit(spec_path: str, run_argv: list[str], *, address: str | None = None,
+           working_dir: str | None = None, installed: bool = False,
+           env: dict[str, str] | None = None, job_name: str = "job",
+           submission_id: str | None = None, metadata: dict[str, str] | None = None
+           ) -> Submission:
+    """Submit ``mmpipe run`` for ``spec_path``; ``run_argv`` are the run options after SPEC."""
+    import shlex
+
+    bad = sorted(set(env or {}) & set(RESERVED_ENV))
+    if bad:
+        raise SubmitError(f"--env {', '.join(bad)}: set by mmpipe run itself")
+    spec = Path(spec_path).resolve()
+    staging = None
+    if installed:
+        staging = Path(tempfile.mkdtemp(prefix="mmpipe-submit-"))
+        shutil.copy(spec, staging / spec.name)
+        root, spec_rel = staging, spec.name
+        excludes: list[str] = []
+    else:
+        root = Path(working_dir).resolve() if working_dir else find_checkout(Path.cwd())
+        if not spec.is_relative_to(root):
+            raise SubmitError(f"{spec_path}: the spec must be inside the working dir {root} "
+                              "(it is uploaded with it)")
+        spec_rel, excludes = spec.relative_to(root).as_posix(), WORKING_DIR_EXCLUDES
+    entrypoint = shlex.join(run_args(spec_rel, [], None, None, None) + run_argv)
+    runtime_env = {"working_dir": str(root), "excludes": excludes,
+                   "env_vars": dict(env or {})}
+    sid = submission_id or f"mmpipe-{job_name}-{uuid.uuid4().hex[:8]}"
+    jobs = client(address)
+    try:
+        sid = _submit_with_retry(jobs, entrypoint, runtime_env, sid, metadata or {})
+    finally:
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
+    return Submission(sid, jobs.get_address(), entrypoint)
+
+
+def _submit_with_retry(jobs, entrypoint: str, runtime_env: dict, sid: str,
+                       metadata: dict[str, str], timeout_s: float = 60) -> str:
+    """Submit; retry while a just-started head has no job agent yet."""
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            return jobs.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
+                                   submission_id=sid, metadata=metadata,
+                                   entrypoint_num_cpus=0)
+        except RuntimeError as e:
+            if "No available agent" not in str(e) or time.time() > deadline:
+                raise SubmitError(f"submit failed: {_first_line(e)}") from e
+            time.sleep(2)
+
+
+def wait(jobs, submission_id: str, follow: bool, out=None) -> str:
+    """Wait for a terminal status, streaming the logs to ``out`` if ``follow``; return it."""
+    if follow:
+        asyncio.run(_tail(jobs, submission_id, out))
+    while (status := _status(jobs, submission_id)) not in TERMINAL:
+        time.sleep(1)
+    return status
+
+
+def _status(jobs, submission_id: str) -> str:
+    status = jobs.get_job_status(submission_id)
+    return str(getattr(status, "value", status))
+
+
+async def _tail(jobs, submission_id: str, out) -> None:
+    async for chunk in jobs.tail_job_logs(submission_id):
+        out.write(chunk)
+        out.flush()
+
+
+def logs(jobs, submission_id: str) -> str:
+    try:
+        return jobs.get_job_logs(submission_id)
+    except RuntimeError as e:
+        raise SubmitError(f"{submission_id}: {_first_line(e)}") from e
+
+
+def stop(jobs, submission_id: str) -> bool:
+    """Ask the job to stop; True if it was running."""
+    try:
+        return jobs.stop_job(submission_id)
+    except RuntimeError as e:
+        raise SubmitError(f"{submission_id}: {_first_line(e)}") from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,173 @@
+"""``mmpipe submit | logs | stop`` against a real local Ray head (``ray start --head`` on
+127.0.0.1 with token authentication), through Ray's job API."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.runtime import submit
+from tests.conftest import REPO
+from tests.deploy.local_head import free_ports, start_head
+
+
+def mmpipe(*args: str, env: dict, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    h = start_head(tmp_path_factory.mktemp("submit-head"))
+    yield h
+    h.stop()
+
+
+@pytest.fixture
+def env(head):
+    """A client's environment: the token in RAY_AUTH_TOKEN, no RAY_AUTH_MODE."""
+    e = head.client_env()
+    e.pop("RAY_AUTH_MODE")
+    return e
+
+
+def submission_id(stdout: str) -> str:
+    match = re.search(r"^submitted (\S+)$", stdout, re.M)
+    assert match, stdout
+    return match.group(1)
+
+
+def test_submit_runs_the_quickstart_and_logs_show_its_report(head, env, tmp_path):
+    out = tmp_path / "out"
+    done = mmpipe("submit", "examples/quickstart.yaml", "--address", head.dashboard_url,
+                  "--output", str(out), "--wait", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sid = submission_id(done.stdout)
+    assert sid.startswith("mmpipe-quickstart-")
+    assert f"dashboard: {head.dashboard_url}/#/jobs/{sid}" in done.stdout
+    assert f"job {sid}: SUCCEEDED" in done.stdout
+    logs = mmpipe("logs", sid, "--address", head.dashboard_url, env=env)
+    assert logs.returncode == 0, logs.stderr
+    assert "job 'quickstart': complete" in logs.stdout
+    assert "partitions: 4 total, 4 committed now, 0 skipped" in logs.stdout
+    assert "rows: ok=57 rejected=0 error=0" in logs.stdout
+    assert json.loads((out / "_SUCCESS").read_text())["complete"] is True
+
+    # a resubmission of the same spec resumes from the markers: nothing is redone
+    again = mmpipe("submit", "examples/quickstart.yaml", "--address", head.dashboard_url,
+                   "--output", str(out), "--wait", env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "partitions: 4 total, 0 committed now, 4 skipped" in again.stdout
+
+
+def test_stop_a_running_job(head, env, tmp_path, monkeypatch):
+    started = mmpipe("submit", "examples/quickstart.yaml", "--address", head.dashboard_url,
+                     "--output", str(tmp_path / "out"), "--set", "source.partition_size=1",
+                     env=env)
+    assert started.returncode == 0, started.stdout + started.stderr
+    sid = submission_id(started.stdout)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", head.token)
+    jobs = submit.client(head.dashboard_url)
+    deadline = time.time() + 120
+    while submit._status(jobs, sid) != "RUNNING" and time.time() < deadline:
+        time.sleep(0.5)
+    stopped = mmpipe("stop", sid, "--address", head.dashboard_url, "--wait", env=env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"job {sid}: stop requested" in stopped.stdout
+    assert f"job {sid}: STOPPED" in stopped.stdout
+
+
+def test_a_wrong_or_missing_token_is_refused(head, env, tmp_path):
+    for token in ("not-the-token", None):
+        e = dict(env, HOME=str(tmp_path))           # no ~/.ray/auth_token there
+        e.pop("RAY_AUTH_TOKEN")
+        if token:
+            e["RAY_AUTH_TOKEN"] = token
+        done = mmpipe("logs", "whatever", "--address", head.dashboard_url, env=e, timeout_s=60)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "refused" in done.stderr and "RAY_AUTH_TOKEN" in done.stderr, done.stderr
+
+
+def test_a_bad_spec_fails_before_anything_is_submitted(env):
+    (port,) = free_ports(1)                          # nothing listens there
+    done = mmpipe("submit", "examples/quickstart.yaml", "--address", f"http://127.0.0.1:{port}",
+                  "--set", "resize.size_px=-3", env=env, timeout_s=60)
+    assert done.returncode == 2
+    assert "resize.size_px" in done.stderr and "submitted" not in done.stdout
+
+
+class FakeJobs:
+    """Records what ``submit`` would send to Ray's job API."""
+
+    def __init__(self):
+        self.calls = []
+
+    def submit_job(self, **kwargs):
+        self.calls.append(kwargs)
+        return kwargs["submission_id"]
+
+    def get_address(self):
+        return "http://head:8265"
+
+
+@pytest.mark.parametrize("installed", [False, True])
+def test_submit_packages_the_checkout_or_only_the_spec(monkeypatch, installed):
+    jobs = FakeJobs()
+    monkeypatch.setattr(submit, "client", lambda address: jobs)
+    monkeypatch.chdir(REPO / "pipeline")              # the checkout is found upwards
+    sub = submit.submit(str(REPO / "examples" / "quickstart.yaml"),
+                        ["--output", "s3://bucket/out", "--set", "runtime.num_workers=4"],
+                        installed=installed, env={"AWS_REGION": "eu-west-1"}, job_name="q",
+                        submission_id="mmpipe-q-1")
+    (call,) = jobs.calls
+    spec_arg = "quickstart.yaml" if installed else "examples/quickstart.yaml"
+    assert call["entrypoint"] == (f"python -m pipeline run {spec_arg} --output s3://bucket/out "
+                                  "--set runtime.num_workers=4")
+    env = call["runtime_env"]
+    assert env["env_vars"] == {"AWS_REGION": "eu-west-1"}
+    if installed:       # a staging dir with the spec only, removed after the upload
+        assert env["excludes"] == [] and not Path(env["working_dir"]).exists()
+    else:
+        assert env["working_dir"] == str(REPO)
+        assert {".venv", "output", "bench/out", ".git"} <= set(env["excludes"])
+    assert sub.dashboard_url == "http://head:8265/#/jobs/mmpipe-q-1"
+
+
+def test_submit_refuses_reserved_env_and_specs_outside_the_working_dir(tmp_path):
+    with pytest.raises(submit.SubmitError, match="HF_HUB_OFFLINE"):
+        submit.submit(str(REPO / "examples" / "quickstart.yaml"), [],
+                      env={"HF_HUB_OFFLINE": "0"})
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: x\n")
+    with pytest.raises(submit.SubmitError, match="inside the working dir"):
+        submit.submit(str(spec), [], working_dir=str(REPO))
+
+
+def test_address_and_token_resolution(monkeypatch, tmp_path):
+    for var in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert submit.resolve_address(None) == "http://127.0.0.1:8265"
+    assert submit.resolve_address("head:8265/") == "http://head:8265"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")           # a GCS address: not the job API
+    assert submit.resolve_address(None) == "http://127.0.0.1:8265"
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "https://ray.example:443")
+    assert submit.resolve_address(None) == "https://ray.example:443"
+    with pytest.raises(submit.SubmitError):
+        submit.resolve_address("ray://head:10001")
+    assert submit.auth_token() is None
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("from-file\n")
+    assert submit.auth_token() == "from-file"
+    path = tmp_path / "tok"
+    path.write_text("from-path")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(path))
+    assert submit.auth_token() == "from-path"
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "from-env")
+    assert submit.auth_token() == "from-env"
