@@ -38,9 +38,20 @@ What it does:
    worker), VmRSS and Pss (from smaps_rollup), and keeps the peak of each sum; it also
    keeps each process's VmHWM and reports their sum. Ray processes not descended from
    the variant (another job on the machine) are counted and excluded.
-4. Reads the three outputs back, checks that rows by status, rows by reason, every
+   The same thread adds up the CPU time (utime+stime) of those processes, and the
+   machine's non-idle CPU time from /proc/stat: the difference is other processes'
+   load, reported per variant. Before each variant the script waits (``--quiet-wait``)
+   until other processes use < 0.3 cores, and reruns a variant they disturbed
+   (``--busy-retries``), keeping the least disturbed run.
+4. Time: ``wall`` = ray.init (a, c) or nothing (b) + the whole job (planning, model
+   load, processing, writing, commit); ``processing`` = first partition/batch started
+   -> last partition committed (a, b: from the commit markers) or last embedding batch
+   done (c: from the UDFs' call log). records/s = rows / seconds.
+5. Reads the three outputs back, checks that rows by status, rows by reason, every
    key's status, every output image's bytes agree, and reports the largest
-   difference between text embeddings; prints a markdown summary with ratios vs (b).
+   difference between text embeddings; prints a markdown summary with ratios vs (b)
+   and saves it (with every number) to ``<workdir>/results/<tag>-summary.{md,json}``;
+   ``--render <that json>`` prints it again.
 """
 
 from __future__ import annotations
@@ -55,6 +66,7 @@ import os
 import platform
 import posixpath
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -178,8 +190,8 @@ def _label(pid: int, root: int) -> tuple[str, str]:
     argv = [a for a in raw.split("\0") if a]
     if pid == root:
         return "driver", "driver"
-    if argv and argv[0].startswith("ray::"):
-        return "ray worker", argv[0].split()[0]
+    if argv and argv[0].startswith("ray::"):  # "ray::ModelActor.embed(...)" -> "ray::ModelActor"
+        return "ray worker", re.sub(r"\.[A-Za-z_]\w*(\(.*\))?$", "", argv[0].split()[0])
     if not argv:
         return "ray system", "?"
     exe = posixpath.basename(argv[0])

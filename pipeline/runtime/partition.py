@@ -83,8 +83,11 @@ def _start_batch(batch: Batch, partition_id: str) -> Batch:
 
 def process_partition(partition: Partition, attempt_id: str, spec: JobSpec, fingerprint: str,
                       source: Datasource, steps: list[Step], models: Any | None,
-                      pool: ThreadPoolExecutor, embedding_dim: int | None = None) -> dict[str, Any]:
+                      pool: ThreadPoolExecutor, embedding_dim: int | None = None,
+                      ran_on: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one attempt of ``partition``; return its outcome (the marker, plus ``committed``).
+
+    ``ran_on`` (e.g. worker name and Ray node id) is recorded in the marker as ``ran_on``.
 
     ``models``: None, a ``ModelPlan``, a list of ``ModelTask``, or a single caption
     embedding client (then ``embedding_dim`` gives its width); see ``model_steps``.
@@ -123,6 +126,7 @@ def process_partition(partition: Partition, attempt_id: str, spec: JobSpec, fing
         "rows_by_reason": result.rows_by_reason, "bytes_written": result.bytes_written,
         "started_at": started, "finished_at": time.time(),
         "duration_s": round(time.time() - started, 3), "mmpipe_version": __version__,
+        "ran_on": ran_on or {},
         "throttled_requests": retry.POLICY.throttled_requests - throttled_before,
         "retried_requests": retry.POLICY.retried_requests - retried_before,
     }

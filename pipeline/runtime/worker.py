@@ -55,7 +55,9 @@ class PartitionWorker:
                  attempt_id, len(partition.inputs))
         try:
             out = process_partition(partition, attempt_id, self.spec, self.fingerprint,
-                                    self.source, self.steps, self.models or None, self.pool)
+                                    self.source, self.steps, self.models or None, self.pool,
+                                    ran_on={"worker": f"PartitionWorker-{self.index}",
+                                            "node_id": ray.get_runtime_context().get_node_id()})
         except BaseException:
             self.metrics.partition_failed(time.perf_counter() - started)
             raise

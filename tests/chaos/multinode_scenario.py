@@ -49,6 +49,7 @@ def main(out_killed: str, out_clean: str, result_path: str) -> None:
                      if a.node_id == doomed_id and a.class_name == "PartitionWorker"]
         result["before"] = markers(out_killed)
         result["workers_on_removed_node"] = len(on_doomed)
+        result["removed_node"] = doomed_id
         cluster.remove_node(doomed, allow_graceful=False)
         result["removed_at"] = time.time()
         job.join(300)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+from pipeline.io.checkpoint import CheckpointStore
 from tests.conftest import REPO
 from tests.e2e.jobs import COMPARED, PARTITIONS, rows_by_key
 
@@ -29,9 +30,17 @@ def test_worker_node_removed_mid_job(tmp_path):
     assert 4 <= len(before) < PARTITIONS
     assert {p: r["after"][p] for p in before} == before     # committed work untouched
     replayed = sorted(p for p, a in report["attempts"].items() if len(a) > 1)
-    assert 1 <= len(replayed) <= 2                           # the two in flight on that node
-    assert not set(replayed) & set(before)
-    for pid in replayed:                                      # the visible attempt is one of them
+    assert not set(replayed) & set(before)                   # no committed work redone
+    final = CheckpointStore(killed).markers()
+    # the partitions in flight on the lost node: replayed elsewhere, or committed by a zombie
+    # attempt still running there after the removal (allowed: the marker is the fence)
+    zombies = sorted(p for p, m in final.items()
+                     if p not in before and m["ran_on"]["node_id"] == r["removed_node"])
+    affected = set(replayed) | set(zombies)
+    # (a worker there may even return a result after the removal and be handed another
+    # partition before Ray declares the node dead, so more than 2 can be affected)
+    assert affected, (replayed, zombies)
+    for pid in affected:                                      # the visible attempt is this run's
         assert r["after"][pid] in report["attempts"][pid]
     got, want = rows_by_key(killed), rows_by_key(clean)
     assert sorted(got) == sorted(want) and len(got) == 57
@@ -39,4 +48,5 @@ def test_worker_node_removed_mid_job(tmp_path):
         for col in COMPARED:
             if col != "text_embedding":
                 assert got[key][col] == w[col], (key, col)
-    print(f"replayed partitions: {replayed}; committed before the node loss: {len(before)}")
+    print(f"node loss: {len(before)} partitions committed before it; replayed {replayed}; "
+          f"committed by zombie attempts on the lost node {zombies}")
