@@ -48,7 +48,7 @@ def cmd_run(args) -> int:
     address = args.address or os.environ.get("RAY_ADDRESS") or None
     ray.init(address=address, logging_level=logging.WARNING,
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}},
-             include_dashboard=None if address else False)
+             include_dashboard=None if address not in (None, "local") else False)
     try:
         report = run_job(spec)
     finally:

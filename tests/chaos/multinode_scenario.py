@@ -27,10 +27,24 @@ def markers(out: str) -> dict[str, str]:
     return {p: m["attempt_id"] for p, m in CheckpointStore(out).markers().items()}
 
 
+def start_cluster(tries: int = 3) -> Cluster:
+    """The head (no CPUs), on fresh ports; retried because a loaded machine can make the GCS
+    miss Ray's start-up deadline."""
+    for attempt in range(1, tries + 1):
+        try:
+            return Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 0, "redis_port": free_port(), "dashboard_port": free_port(),
+                "_system_config": {"health_check_period_ms": 1000,
+                                   "health_check_failure_threshold": 3}})
+        except RuntimeError:
+            if attempt == tries:
+                raise
+            time.sleep(2)
+    raise AssertionError("unreachable")
+
+
 def main(out_killed: str, out_clean: str, result_path: str) -> None:
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "redis_port": free_port(), "dashboard_port": free_port(),
-        "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}})
+    cluster = start_cluster()
     keep = cluster.add_node(num_cpus=2)
     doomed = cluster.add_node(num_cpus=2)
     ray.init(address=cluster.address, logging_level="WARNING")

@@ -20,6 +20,7 @@ def mmpipe_run(out: str, home: Path, extra_env: dict | None = None, input_uri: s
                report: Path | None = None, **popen) -> subprocess.Popen:
     """Start the quickstart job (19 partitions of 3, one worker) writing to ``out``."""
     cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml",
+           "--address", "local",                 # a new local Ray even if others are running
            "--output", out, "--set", "source.partition_size=3",
            "--set", "runtime.num_workers=1", "--set", "runtime.batch_size=3"]
     if input_uri:
@@ -27,7 +28,7 @@ def mmpipe_run(out: str, home: Path, extra_env: dict | None = None, input_uri: s
     if report:
         cmd += ["--report-json", str(report)]
     env = dict(os.environ, HOME=str(home), HF_HUB_OFFLINE="1", **(extra_env or {}))
-    env.pop("RAY_ADDRESS", None)                # a fresh local Ray, as a new user gets it
+    env.pop("RAY_ADDRESS", None)
     return subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, **popen)
 
 
