@@ -56,11 +56,13 @@ def main(out_killed: str, out_clean: str, result_path: str) -> None:
         reports = {}
         job = threading.Thread(target=lambda: reports.update(killed=run_job(spec)))
         job.start()
-        while len(markers(out_killed)) < 4 and job.is_alive():
-            time.sleep(0.05)
         doomed_id = doomed.node_id
-        on_doomed = [a for a in list_actors(filters=[("state", "=", "ALIVE")])
-                     if a.node_id == doomed_id and a.class_name == "PartitionWorker"]
+        on_doomed: list = []
+        # remove the node once it has both its workers up and 4 partitions are committed
+        while job.is_alive() and (len(markers(out_killed)) < 4 or len(on_doomed) < 2):
+            time.sleep(0.1)
+            on_doomed = [a for a in list_actors(filters=[("state", "=", "ALIVE")])
+                         if a.node_id == doomed_id and a.class_name == "PartitionWorker"]
         result["before"] = markers(out_killed)
         result["workers_on_removed_node"] = len(on_doomed)
         result["removed_node"] = doomed_id
