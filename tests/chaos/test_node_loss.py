@@ -4,20 +4,18 @@ were in flight there run again, and the output equals a clean run's."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 from pipeline.io.checkpoint import CheckpointStore
 from tests.conftest import REPO
-from tests.e2e.jobs import COMPARED, PARTITIONS, rows_by_key
+from tests.e2e.jobs import COMPARED, PARTITIONS, clean_ray_env, rows_by_key
 
 
 def test_worker_node_removed_mid_job(tmp_path):
     result_path = tmp_path / "result.json"
     killed, clean = str(tmp_path / "killed"), str(tmp_path / "clean")
-    env = dict(os.environ, HOME=str(tmp_path), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    env.pop("RAY_ADDRESS", None)
+    env = clean_ray_env(HOME=str(tmp_path), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "tests/chaos/multinode_scenario.py", killed, clean,
                            str(result_path)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=420)

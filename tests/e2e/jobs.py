@@ -27,9 +27,18 @@ def mmpipe_run(out: str, home: Path, extra_env: dict | None = None, input_uri: s
         cmd += ["--input", input_uri]
     if report:
         cmd += ["--report-json", str(report)]
-    env = dict(os.environ, HOME=str(home), HF_HUB_OFFLINE="1", **(extra_env or {}))
-    env.pop("RAY_ADDRESS", None)
+    env = clean_ray_env(HOME=str(home), HF_HUB_OFFLINE="1", **(extra_env or {}))
     return subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, **popen)
+
+
+def clean_ray_env(**extra: str) -> dict[str, str]:
+    """This process's environment without the RAY_* variables that an in-process
+    ``ray.init`` added (RAY_ADDRESS, RAY_AUTH_MODE, ...), plus ``extra``: a child then
+    starts its own Ray the way a user's shell would."""
+    keep = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k in keep}
+    env.update(extra)
+    return env
 
 
 def finish(proc: subprocess.Popen, timeout_s: float = 300) -> str:
