@@ -33,6 +33,11 @@ class ErrorReason(str, enum.Enum):
     TOO_LARGE = "too_large"
     READ_FAILED = "read_failed"
     STEP_FAILED = "step_failed"
+    FAILED_TO_DOWNLOAD = "failed_to_download"  # img2dataset's status name
+    NO_FRAMES = "no_frames"            # a video container without one decodable frame
+    CORRUPT_CONTAINER = "corrupt_container"  # a video container FFmpeg cannot open
+    BAD_SAMPLE = "bad_sample"          # WebDataset: duplicate/non-contiguous key, no media
+    TRUNCATED_SHARD = "truncated_shard"  # WebDataset: shard cut short (shard-level row)
 
 
 class RejectReason(str, enum.Enum):

@@ -23,12 +23,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".tif", ".tiff", ".bmp", ".heic",
+                    ".heif", ".avif", ".svg")
+VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi")
+
+
 class SourceSpec(_Strict):
     """Where the input is and how it is cut into partitions."""
 
-    kind: Literal["files", "manifest"] = Field(
+    kind: Literal["files", "manifest", "webdataset"] = Field(
         description="`files`: media files under a prefix, captions from a sidecar `.txt`/`.json` "
-        "of the same stem; `manifest`: Parquet/CSV/JSONL rows naming media by path or URL.")
+        "of the same stem; `manifest`: Parquet/CSV/JSONL rows naming media by path or "
+        "http(s) URL (img2dataset conventions); `webdataset`: WebDataset `.tar` shards, "
+        "samples grouped by key.")
+    media: Literal["image", "video"] = Field(
+        "image", description="What the media are: `image` (decode, resize, pHash) or `video` "
+        "(PyAV decode, frames sampled by presentation timestamp; see the `video` section).")
     uri: str = Field(description="Directory prefix (files) or manifest file/prefix (manifest); "
                      "a relative path is relative to the working directory.")
     manifest_format: Literal["auto", "parquet", "csv", "jsonl"] = Field(
@@ -41,12 +51,21 @@ class SourceSpec(_Strict):
         "a list value yields its first non-blank string.")
     key_column: str | None = Field(
         None, description="Manifest column used as the record key; default: the media file stem.")
-    extensions: tuple[str, ...] = Field(
-        (".jpg", ".jpeg", ".png", ".webp", ".gif", ".tif", ".tiff", ".bmp", ".heic", ".heif",
-         ".avif", ".svg"),
-        description="Files datasource: media file extensions to list (case-insensitive). "
+    extensions: tuple[str, ...] | None = Field(
+        None, description="Media file (files) or member (webdataset) extensions, "
+        "case-insensitive; default: `IMAGE_EXTENSIONS` or `VIDEO_EXTENSIONS` by `media`. "
         "The format itself is sniffed from the bytes, not from this.")
-    partition_size: int = Field(1000, ge=1, description="Records per partition (fixed at planning).")
+    partition_size: int = Field(1000, ge=1, description="Records per partition (fixed at "
+                                "planning); `webdataset`: see `shards_per_partition`.")
+    shards_per_partition: int = Field(1, ge=1, description="WebDataset: whole shards per "
+                                      "partition (a shard is never split).")
+
+    @property
+    def media_extensions(self) -> tuple[str, ...]:
+        """``extensions`` in lower case, or the default list for ``media``."""
+        if self.extensions is not None:
+            return tuple(e.lower() for e in self.extensions)
+        return VIDEO_EXTENSIONS if self.media == "video" else IMAGE_EXTENSIONS
 
 
 class StorageSpec(_Strict):
@@ -65,6 +84,19 @@ class StorageSpec(_Strict):
         "SlowDown, regrown additively (AIMD).")
 
 
+class WebDatasetSinkSpec(_Strict):
+    """WebDataset output: per `ok` sample `<key>.jpg|.webp` (the resized image; for video
+    the sampled frames as `<key>.<i>.jpg`), `<key>.json` (metadata) and `<key>.txt`
+    (caption), in shards under ``wds/<partition>/a-<attempt>/``, named by the commit
+    marker like every other output file."""
+
+    enabled: bool = Field(False, description="Also write WebDataset shards.")
+    shard_max_bytes: int = Field(256 * 2**20, ge=1024, description="Start a new shard once "
+                                 "a shard holds this many bytes (a sample is never split).")
+    shard_max_samples: int = Field(10_000, ge=1, description="Start a new shard after this "
+                                   "many samples.")
+
+
 class SinkSpec(_Strict):
     """Where and how the output is written."""
 
@@ -74,6 +106,9 @@ class SinkSpec(_Strict):
     compression: Literal["zstd", "snappy", "none"] = Field("zstd", description="Parquet codec.")
     quarantine: bool = Field(True, description="Also write error rows with their source bytes "
                              "to quarantine/.")
+    webdataset: WebDatasetSinkSpec = Field(
+        WebDatasetSinkSpec(),
+        description="WebDataset `.tar` shards written beside the Parquet files.")
 
 
 class CaptionSpec(_Strict):
@@ -94,6 +129,44 @@ class DecodeSpec(_Strict):
                             "Pillow's MAX_IMAGE_PIXELS.")
     max_bytes: int = Field(64 * 2**20, ge=1, description="Reject source files larger than this "
                            "(bytes) without reading them fully.")
+
+
+class DownloadSpec(_Strict):
+    """HTTP(S) download of manifest URLs (img2dataset conventions)."""
+
+    timeout_s: float = Field(10.0, gt=0, description="Connect and read timeout per request "
+                             "(seconds).")
+    retries: int = Field(2, ge=0, le=10, description="Retries after a connection error, a "
+                         "timeout, HTTP 429 or 5xx (exponential backoff with jitter).")
+    backoff_s: float = Field(0.5, ge=0, description="First retry delay (seconds); doubles.")
+    threads: int = Field(16, ge=1, description="Download threads per worker.")
+    max_per_host: int = Field(4, ge=1, description="Concurrent requests per host and worker.")
+    user_agent: str = Field("mmpipe/0.1 (+https://github.com/mmpipe/mmpipe)",
+                            description="User-Agent header sent with every request.")
+    disallowed_header_directives: tuple[str, ...] = Field(
+        ("noai", "noimageai", "noindex", "noimageindex"), description="`X-Robots-Tag` "
+        "directives that opt an image out (img2dataset's default list); the row becomes "
+        "`failed_to_download` without its body. Empty: ignore the header.")
+
+
+class VideoSpec(_Strict):
+    """Video decoding (PyAV/FFmpeg) and frame sampling by presentation timestamp."""
+
+    sampling: Literal["fps", "uniform", "keyframes", "scene"] = Field(
+        "uniform", description="`fps`: one frame per 1/fps seconds of presentation time; "
+        "`uniform`: num_frames frames at evenly spaced timestamps over the decoded span; "
+        "`keyframes`: the key frames; `scene`: the first frame and every frame whose "
+        "difference to the previous frame exceeds scene_threshold.")
+    fps: float = Field(1.0, gt=0, description="`fps` sampling: frames per second.")
+    num_frames: int = Field(8, ge=1, description="`uniform` sampling: frames per video.")
+    scene_threshold: float = Field(0.3, gt=0, le=1, description="`scene` sampling: mean "
+                                   "absolute difference of consecutive 64x36 grey frames "
+                                   "(0..1) that starts a new scene.")
+    max_frames: int = Field(64, ge=1, description="Most frames sampled per video (any mode; "
+                            "evenly thinned beyond this).")
+    temp_dir: str | None = Field(None, description="Where videos from object storage are "
+                                 "staged (one temporary file per video in flight, deleted "
+                                 "after decoding); default: the system temp dir.")
 
 
 class ResizeSpec(_Strict):
@@ -250,6 +323,8 @@ class JobSpec(_Strict):
     sink: SinkSpec
     captions: CaptionSpec = CaptionSpec()
     decode: DecodeSpec = DecodeSpec()
+    download: DownloadSpec = DownloadSpec()
+    video: VideoSpec = VideoSpec()
     resize: ResizeSpec = ResizeSpec()
     filters: FilterSpec = FilterSpec()
     dedup: DedupSpec = DedupSpec()
@@ -266,7 +341,7 @@ class JobSpec(_Strict):
         return self
 
 
-_OUTPUT_SECTIONS = ("source", "captions", "decode", "resize", "filters", "dedup", "text_embedding",
+_OUTPUT_SECTIONS = ("source", "captions", "decode", "video", "resize", "filters", "dedup", "text_embedding",
                     "image_embedding", "captioning")
 MODEL_SECTIONS = ("text_embedding", "image_embedding", "captioning")
 

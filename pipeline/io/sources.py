@@ -73,7 +73,7 @@ class FilesDatasource(Datasource):
         listing: a stem is complete (and emitted) once a key outside ``s.`` arrives, so
         only a handful of stems are ever pending, whatever the listing's size.
         """
-        exts = tuple(e.lower() for e in self.spec.extensions)
+        exts = self.spec.media_extensions
         pending: dict[str, dict] = {}
         found = 0
         last = ""
