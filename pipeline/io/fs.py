@@ -7,8 +7,11 @@ by commit markers. Only ``pipeline.io.s3`` knows ``s3://`` specifics.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import shutil
+import tempfile
 import posixpath
 import uuid
 from collections.abc import Callable, Iterator
@@ -85,6 +88,35 @@ def read_bytes(uri: str) -> bytes:
         with fsys.open_input_stream(path) as f:
             return f.read()
     return with_retries(uri, "read", read)
+
+
+@contextlib.contextmanager
+def staged(uri: str, temp_dir: str | None = None,
+           chunk_bytes: int = 8 * 2**20) -> Iterator[str]:
+    """Yield a local path holding the object ``uri``; delete it on exit.
+
+    A local ``uri`` is yielded as is (no copy). An object-store ``uri`` is streamed, in
+    ``chunk_bytes`` chunks (never whole in memory), into a new file in ``temp_dir``
+    (default: the system temp dir), which is deleted when the ``with`` block ends -
+    so disk use is one object per ``with`` block in flight. Raises
+    ``FileNotFoundError`` or ``StorageError`` naming ``uri``.
+    """
+    if is_local(uri):
+        yield resolve(uri)[1]
+        return
+    fsys, path = _for_call(uri)
+    suffix = posixpath.splitext(path)[1]
+    fd, local = tempfile.mkstemp(prefix="mmpipe-stage-", suffix=suffix, dir=temp_dir)
+    os.close(fd)
+    try:
+        def copy() -> None:
+            with fsys.open_input_stream(path) as src, open(local, "wb") as dst:
+                shutil.copyfileobj(src, dst, chunk_bytes)
+        with_retries(uri, "stage", copy)
+        yield local
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(local)
 
 
 def write_bytes(uri: str, data: bytes) -> None:
