@@ -67,18 +67,23 @@ TEXT_EMBEDDING = "text_embedding"
 IMAGE_EMBEDDING = "image_embedding"
 CLIP_SCORE = "clip_score"
 GENERATED_CAPTION = "generated_caption"
+FRAME_EMBEDDINGS = "frame_embeddings"
 
 # Internal columns: present in batches, never written to the data output.
 SOURCE_BYTES = "_source_bytes"
 RAW_CAPTION = "_raw_caption"
 PIXELS = "_pixels"
+SOURCE_PATH = "_source_path"  # video: a local file holding the media (staged if remote)
+FRAMES = "_frames"            # video: sampled frames, list of (H, W, 3) uint8 RGB arrays
 
 RESERVED = frozenset(
     {KEY, PARTITION_ID, SOURCE_URI, STATUS, REJECT_REASON, ERROR, WIDTH, HEIGHT, MIME,
      SHA256, PHASH, IMAGE, CAPTION, TEXT_EMBEDDING, IMAGE_EMBEDDING, CLIP_SCORE,
      GENERATED_CAPTION, "format", "n_frames", "is_animated",
      "has_alpha", "caption_flags", "duplicate_of", "duplicate_hamming", "image_width",
-     "image_height", "metadata_json"}
+     "image_height", "metadata_json", "duration_s", "fps", "frame_count",
+     "frame_timestamps_s", "partial", "rotation_deg", "video_codec", "decode_errors", "frames",
+     "frame_embeddings"}
 )
 
 

@@ -159,7 +159,7 @@ class VideoSpec(_Strict):
         "difference to the previous frame exceeds scene_threshold.")
     fps: float = Field(1.0, gt=0, description="`fps` sampling: frames per second.")
     num_frames: int = Field(8, ge=1, description="`uniform` sampling: frames per video.")
-    scene_threshold: float = Field(0.3, gt=0, le=1, description="`scene` sampling: mean "
+    scene_threshold: float = Field(0.2, gt=0, le=1, description="`scene` sampling: mean "
                                    "absolute difference of consecutive 64x36 grey frames "
                                    "(0..1) that starts a new scene.")
     max_frames: int = Field(64, ge=1, description="Most frames sampled per video (any mode; "

@@ -99,18 +99,19 @@ class CheckpointStore:
 
 
 def unreferenced_files(output_uri: str) -> list[str]:
-    """URIs under ``data/`` and ``quarantine/`` that no commit marker names: the files of
+    """URIs under ``data/``, ``quarantine/`` and ``wds/`` that no commit marker names: the files of
     failed, lost or zombie attempts. Run ``gc`` only while no job writes to the output."""
     named = {fs.join(output_uri, f) for m in CheckpointStore(output_uri).markers().values()
              for f in m.get("files", [])}
     out = []
-    for top in ("data", "quarantine"):
+    for top in ("data", "quarantine", "wds"):
         out += [e.uri for e in fs.list_files(fs.join(output_uri, top)) if e.uri not in named]
     return out
 
 
 def committed_files(output_uri: str) -> list[str]:
-    """URIs of the data files named by commit markers (what readers should trust)."""
+    """URIs of the Parquet data files named by commit markers (what readers should trust);
+    WebDataset shards are named by the markers too, under ``wds/``."""
     store = CheckpointStore(output_uri)
     return [fs.join(output_uri, f) for pid, m in sorted(store.markers().items())
             for f in m.get("files", []) if f.startswith("data/")]

@@ -62,18 +62,32 @@ def _rows(item: InputItem) -> int:
 
 
 def pack(items: Iterable[InputItem], partition_size: int) -> Iterator[Partition]:
-    """Pack items, in order, into partitions of at most ``partition_size`` records."""
+    """Pack items, in order, into partitions of at most ``partition_size`` records
+    (a media file or a WebDataset shard counts as one).
+
+    An item with an empty row range (a manifest that could not be read at planning) is
+    a partition of its own, so its failure takes no readable input with it.
+    """
     current: list[InputItem] = []
     rows = 0
     index = 0
     for item in items:
-        if current and rows + _rows(item) > partition_size:
+        alone = _rows(item) == 0
+        if current and (alone or rows + _rows(item) > partition_size):
             yield Partition(partition_name(index), tuple(current))
             index, current, rows = index + 1, [], 0
         current.append(item)
         rows += _rows(item)
+        if alone:
+            yield Partition(partition_name(index), tuple(current))
+            index, current, rows = index + 1, [], 0
     if current:
         yield Partition(partition_name(index), tuple(current))
+
+
+def partition_size(spec: SourceSpec) -> int:
+    """Items per partition: ``shards_per_partition`` for WebDataset, else ``partition_size``."""
+    return spec.shards_per_partition if spec.kind == "webdataset" else spec.partition_size
 
 
 class _ListingHash:
@@ -117,7 +131,7 @@ def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec) ->
     buffer: dict[str, list] = {n: [] for n in _SCHEMA.names}
     writer = _writer(fs.join(output_uri, PLAN_FILE), _SCHEMA)
     try:
-        for part in pack((listing.add(i) for i in items), spec.partition_size):
+        for part in pack((listing.add(i) for i in items), partition_size(spec)):
             ids.append(part.partition_id)
             rows.append(part.rows_planned)
             n_inputs.append(len(part.inputs))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import logging
 from typing import Any
 
@@ -18,8 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.io import fs
-from pipeline.records import (ERROR, REJECT_REASON, SOURCE_BYTES, STATUS, TEXT_EMBEDDING, Batch,
-                              WriteResult)
+from pipeline.io.webdataset import WebDatasetWriter
+from pipeline.records import (CAPTION, ERROR, IMAGE, KEY, REJECT_REASON, SOURCE_BYTES, STATUS,
+                              TEXT_EMBEDDING, Batch, Status, WriteResult)
 from pipeline.spec import SinkSpec
 
 log = logging.getLogger(__name__)
@@ -39,14 +41,26 @@ BASE_FIELDS = [
 ]
 
 
+VIDEO_FIELDS = [
+    pa.field("duration_s", pa.float64()), pa.field("fps", pa.float64()),
+    pa.field("frame_count", pa.int32()), pa.field("frame_timestamps_s", pa.list_(pa.float64())),
+    pa.field("partial", pa.bool_()), pa.field("decode_errors", pa.int32()),
+    pa.field("rotation_deg", pa.int32()), pa.field("video_codec", pa.string()),
+    pa.field("frames", pa.list_(pa.binary())),
+]
+
+
 def output_schema(extra: list[pa.Field], embedding_dim: int | None = None,
-                  model_fields: list[pa.Field] | tuple = ()) -> pa.Schema:
-    """Schema of data files: reserved columns, ``text_embedding``
-    (``fixed_size_list<float32>[D]``) if ``embedding_dim``, the model steps' columns
-    (``model_fields``: ``text_embedding``, ``image_embedding``
-    ``fixed_size_list<float32|float16>[D]``, ``clip_score`` float32, ``generated_caption``
-    large_string, in pipeline order), then the carried columns."""
-    fields = list(BASE_FIELDS)
+                  model_fields: list[pa.Field] | tuple = (), media: str = "image") -> pa.Schema:
+    """Schema of data files: reserved columns, for ``media="video"`` the video columns
+    (``duration_s``/``fps`` float64 seconds/Hz, ``frame_count``, ``frame_timestamps_s``
+    list<float64> seconds, ``partial``, ``frames`` list<binary> encoded frames; ``image``
+    is then the middle sampled frame), ``text_embedding`` (``fixed_size_list<float32>[D]``)
+    if ``embedding_dim``, the model steps' columns (``model_fields``: ``text_embedding``,
+    ``image_embedding`` ``fixed_size_list<float32|float16>[D]``, ``clip_score`` float32,
+    ``generated_caption`` large_string, for video also ``frame_embeddings``
+    list<fixed_size_list>, in pipeline order), then the carried columns."""
+    fields = list(BASE_FIELDS) + (VIDEO_FIELDS if media == "video" else [])
     if embedding_dim:
         fields.append(pa.field(TEXT_EMBEDDING, pa.list_(pa.float32(), embedding_dim)))
     return pa.schema(fields + list(model_fields) + extra)
@@ -58,6 +72,9 @@ def quarantine_schema(data_schema: pa.Schema) -> pa.Schema:
 
 
 def _column(values: list[Any], field: pa.Field) -> pa.Array:
+    if pa.types.is_list(field.type) and pa.types.is_fixed_size_list(field.type.value_type):
+        values = [None if v is None else [np.asarray(x).tolist() for x in v] for v in values]
+        return pa.array(values, type=field.type)
     if pa.types.is_fixed_size_list(field.type):
         dim = field.type.list_size
         mask = np.array([v is None for v in values], dtype=bool)
@@ -122,7 +139,8 @@ class _StreamingFile:
 
 
 class ParquetDatasink:
-    """Writes one partition attempt: data rows, and error rows to quarantine.
+    """Writes one partition attempt: data rows, error rows to quarantine, and with
+    ``sink.webdataset.enabled`` the ``ok`` samples as WebDataset shards.
 
     ``write(batch)`` appends a batch; ``close()`` returns the ``WriteResult`` (files
     relative to the output root, rows by status and reason, bytes, sha256 per file);
@@ -130,7 +148,7 @@ class ParquetDatasink:
     """
 
     def __init__(self, output_uri: str, partition_id: str, attempt_id: str, spec: SinkSpec,
-                 schema: pa.Schema):
+                 schema: pa.Schema, image_format: str = "jpeg"):
         self.output_uri = output_uri
         self.rel_data = f"data/{partition_id}/a-{attempt_id}/part-00000.parquet"
         self.rel_quarantine = f"quarantine/{partition_id}/a-{attempt_id}/part-00000.parquet"
@@ -140,6 +158,10 @@ class ParquetDatasink:
         self.quarantine = (_StreamingFile(fs.join(output_uri, self.rel_quarantine),
                                           quarantine_schema(schema), spec)
                            if spec.quarantine else None)
+        self.wds = (WebDatasetWriter(output_uri, partition_id, attempt_id, spec.webdataset)
+                     if spec.webdataset.enabled else None)
+        self.image_ext = "webp" if image_format == "webp" else "jpg"
+        self.wds_keys: dict[str, int] = {}
         self.by_status: collections.Counter = collections.Counter()
         self.by_reason: collections.Counter = collections.Counter()
 
@@ -157,6 +179,44 @@ class ParquetDatasink:
         if self.quarantine and errors:
             batch["source_bytes"] = batch[SOURCE_BYTES]
             self.quarantine.write(to_table(batch, self.quarantine.schema, errors))
+        if self.wds:
+            for i in range(n):
+                if batch[STATUS][i] == Status.OK.value:
+                    self.wds.write(self._unique_key(batch[KEY][i]), self._sample(batch, i))
+
+    def _unique_key(self, key: str) -> str:
+        """A WebDataset key not used before in this attempt: ``key``, else ``key_1``, ...
+        (a manifest may repeat a key; the JSON member keeps the original)."""
+        base = WebDatasetWriter.member_key(key)
+        n = self.wds_keys.get(base, 0)
+        self.wds_keys[base] = n + 1
+        while n and f"{base}_{n}" in self.wds_keys:
+            n += 1
+        if n:
+            self.wds_keys[f"{base}_{n}"] = 1
+        return f"{base}_{n}" if n else base
+
+    def _sample(self, batch: Batch, i: int) -> dict[str, bytes]:
+        """WebDataset members of row ``i``: the image (video: also each sampled frame as
+        ``<n>.jpg``), ``json`` (every scalar output column, the original key included),
+        and ``txt`` (the caption) if there is one."""
+        members: dict[str, bytes] = {}
+        if batch.get(IMAGE) and batch[IMAGE][i] is not None:
+            members[self.image_ext] = batch[IMAGE][i]
+        for n, frame in enumerate((batch.get("frames") or [None] * (i + 1))[i] or []):
+            members[f"{n}.{self.image_ext}"] = frame
+        meta = {}
+        for field in self.data.schema:
+            t = field.type
+            if (pa.types.is_binary(t) or pa.types.is_fixed_size_list(t) or field.name in
+                    (IMAGE, "frames", "frame_embeddings")):
+                continue
+            value = (batch.get(field.name) or [None] * (i + 1))[i]
+            meta[field.name] = value.item() if isinstance(value, np.generic) else value
+        members["json"] = json.dumps(meta, ensure_ascii=False, default=str).encode()
+        if batch[CAPTION][i] is not None:
+            members["txt"] = batch[CAPTION][i].encode()
+        return members
 
     def close(self) -> WriteResult:
         files = []
@@ -169,10 +229,17 @@ class ParquetDatasink:
             blob = fs.read_bytes(fs.join(self.output_uri, rel))
             sha[rel] = hashlib.sha256(blob).hexdigest()
             size += len(blob)
+        if self.wds:
+            shards, shard_sha, shard_bytes = self.wds.close()
+            files += shards
+            sha.update(shard_sha)
+            size += shard_bytes
         return WriteResult(tuple(files), self.data.rows, dict(self.by_status),
                            dict(self.by_reason), size, sha)
 
     def abort(self) -> None:
+        if self.wds:
+            self.wds.abort()
         for rel in self.rel_dirs:
             try:
                 fs.delete_tree(fs.join(self.output_uri, rel))

@@ -4,18 +4,27 @@
 the same stem (``.txt``: the caption; ``.json``: an object whose ``caption_column`` key is
 the caption and whose other keys go to ``metadata_json``) - the WebDataset/img2dataset
 convention. ``ManifestDatasource``: Parquet/CSV/JSONL rows that name the media by ``url``
-or ``path``; other columns are carried to the output.
+(http(s) URLs are downloaded by ``pipeline.io.http``) or ``path``; other columns are
+carried to the output. ``WebDatasetDatasource``: ``.tar`` shards, a partition being
+whole shards, samples grouped by key (``pipeline.io.webdataset``).
 
 ``read_batches`` yields batches (dicts of equal-length lists) with the columns ``key``,
 ``source_uri``, ``_source_bytes`` (bytes or None), ``_raw_caption`` (any JSON value or
-bytes), ``error`` (a read error, else None) and the carried columns.
+bytes), ``error`` (a read error, else None) and the carried columns. For
+``source.media: video`` the media are not read into memory: each batch also has
+``_source_path``, a local file per row (a local input as is; an object-store object or
+downloaded/tar-member bytes in a temporary file that is deleted when the next batch is
+requested, so disk use is one batch of videos).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import posixpath
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,10 +32,11 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.errors import PartitionError, PlanError
-from pipeline.io import fs, manifest
-from pipeline.records import (ERROR, KEY, RAW_CAPTION, RESERVED, SOURCE_BYTES, SOURCE_URI,
-                              Batch, ErrorReason, InputItem, Partition)
-from pipeline.spec import DecodeSpec, SourceSpec
+from pipeline.io import fs, manifest, webdataset
+from pipeline.io.http import HttpFetcher
+from pipeline.records import (ERROR, KEY, RAW_CAPTION, RESERVED, SOURCE_BYTES, SOURCE_PATH,
+                              SOURCE_URI, Batch, ErrorReason, InputItem, Partition)
+from pipeline.spec import DecodeSpec, DownloadSpec, SourceSpec, VideoSpec
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +44,22 @@ SIDECAR_EXTENSIONS = (".txt", ".json")
 
 
 class Datasource:
-    """Base of the datasources: ``list_inputs`` (planning) and ``read_batches`` (workers)."""
+    """Base of the datasources: ``list_inputs`` (planning) and ``read_batches`` (workers).
 
-    def __init__(self, spec: SourceSpec, decode: DecodeSpec):
+    Subclasses implement ``list_inputs``, ``extra_fields`` and ``_read`` (batches with
+    ``_source_bytes`` or, for video files read in place, ``None``); ``read_batches`` adds
+    ``_source_path`` for video.
+    """
+
+    def __init__(self, spec: SourceSpec, decode: DecodeSpec, download: DownloadSpec | None = None,
+                 video: VideoSpec | None = None):
         self.spec = spec
         self.max_bytes = decode.max_bytes
+        self.download = download or DownloadSpec()
+        self.temp_dir = (video or VideoSpec()).temp_dir
+        self.video = spec.media == "video"
+        self._http: HttpFetcher | None = None
+        self._download_pool: ThreadPoolExecutor | None = None
 
     def list_inputs(self) -> Iterator[InputItem]:
         """Yield every input item in a deterministic order. Raises ``PlanError``."""
@@ -50,17 +71,93 @@ class Datasource:
 
     def read_batches(self, partition: Partition, batch_size: int,
                      pool: ThreadPoolExecutor) -> Iterator[Batch]:
-        """Yield the partition's records as batches of at most ``batch_size`` rows."""
+        """Yield the partition's records as batches of at most ``batch_size`` rows.
+
+        Video: a batch's staged files live until the next batch is requested (or the
+        generator is closed). Raises ``PartitionError`` for an unreadable partition input
+        (e.g. a corrupt manifest); a bad record is a row with ``error`` instead.
+        """
+        for batch in self._read(partition, batch_size, pool):
+            if not self.video:
+                yield batch
+                continue
+            with contextlib.ExitStack() as stack:
+                batch[SOURCE_PATH] = list(pool.map(
+                    lambda i: self._local_path(batch, i, stack), range(len(batch[KEY]))))
+                yield batch
+
+    def _read(self, partition: Partition, batch_size: int,
+              pool: ThreadPoolExecutor) -> Iterator[Batch]:
         raise NotImplementedError
 
-    def _fetch(self, uri: str, size_bytes: int) -> tuple[bytes | None, str | None]:
-        """Read one media object; return ``(bytes, None)`` or ``(None, error text)``."""
-        if size_bytes > self.max_bytes:
-            return None, f"{ErrorReason.TOO_LARGE.value}: {size_bytes} bytes > max_bytes {self.max_bytes}"
+    def _local_path(self, batch: Batch, i: int, stack: contextlib.ExitStack) -> str | None:
+        """A local file holding row ``i``'s media (registered on ``stack`` for deletion)."""
+        if batch[ERROR][i]:
+            return None
+        data = batch[SOURCE_BYTES][i]
+        uri = batch[SOURCE_URI][i]
         try:
-            return fs.read_bytes(uri), None
+            if data is None:
+                return stack.enter_context(fs.staged(uri, self.temp_dir))
+            fd, path = tempfile.mkstemp(prefix="mmpipe-media-", dir=self.temp_dir,
+                                        suffix=posixpath.splitext(uri.split("#")[-1])[1][:8])
+            stack.callback(_remove, path)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            batch[SOURCE_BYTES][i] = None  # the file holds them now
+            return path
+        except Exception as e:  # noqa: BLE001 - a staging failure is this record's error
+            batch[ERROR][i] = f"{ErrorReason.READ_FAILED.value}: {uri}: {e}"
+            return None
+
+    def _downloads(self) -> ThreadPoolExecutor:
+        """The HTTP fetcher's thread pool (``download.threads``), made on first use."""
+        if self._http is None:
+            self._http = HttpFetcher(self.download, self.max_bytes)
+            self._download_pool = ThreadPoolExecutor(self.download.threads,
+                                                     thread_name_prefix="mmpipe-download")
+        return self._download_pool
+
+    def _fetch(self, uri: str, size_bytes: int | None) -> tuple[bytes | None, str | None]:
+        """Read one media object; return ``(bytes, None)`` or ``(None, error text)``.
+
+        ``size_bytes``: the listed size, checked against ``decode.max_bytes`` before
+        reading, or None if unknown (then checked after). http(s) URLs go through
+        ``HttpFetcher`` (which stops reading past ``max_bytes``). Video files from a
+        local path or object store are not read here (``(None, None)``): they are staged
+        to a local file by ``read_batches``.
+        """
+        if size_bytes is not None and size_bytes > self.max_bytes:
+            return None, _too_large(size_bytes, self.max_bytes)
+        if _is_url(uri):
+            return self._http.fetch(uri)
+        try:
+            if self.video:
+                size_bytes = fs.file_size(uri) if size_bytes is None else size_bytes
+                if size_bytes is None:
+                    raise FileNotFoundError(uri)
+                if size_bytes > self.max_bytes:
+                    return None, _too_large(size_bytes, self.max_bytes)
+                return None, None
+            data = fs.read_bytes(uri)
         except Exception as e:  # noqa: BLE001 - a read failure is this record's error
             return None, f"{ErrorReason.READ_FAILED.value}: {uri}: {e}"
+        if len(data) > self.max_bytes:
+            return None, _too_large(len(data), self.max_bytes)
+        return data, None
+
+
+def _is_url(uri: str | None) -> bool:
+    return bool(uri) and uri.startswith(("http://", "https://"))
+
+
+def _too_large(size_bytes: int, max_bytes: int) -> str:
+    return f"{ErrorReason.TOO_LARGE.value}: {size_bytes} bytes > max_bytes {max_bytes}"
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
 
 
 class FilesDatasource(Datasource):
@@ -101,7 +198,7 @@ class FilesDatasource(Datasource):
     def extra_fields(self, partition: Partition) -> list[pa.Field]:
         return [pa.field("metadata_json", pa.string())]
 
-    def read_batches(self, partition, batch_size, pool):
+    def _read(self, partition, batch_size, pool):
         root = fs.normalize(self.spec.uri)
         for start in range(0, len(partition.inputs), batch_size):
             items = partition.inputs[start:start + batch_size]
@@ -140,7 +237,15 @@ class ManifestDatasource(Datasource):
             raise PlanError(f"source.uri {self.spec.uri!r}: no manifest files found")
         step = self.spec.partition_size
         for uri, size in files:
-            rows = manifest.count_rows(uri, self.spec.manifest_format)
+            try:
+                rows = manifest.count_rows(uri, self.spec.manifest_format)
+            except PlanError as e:
+                # A corrupt manifest (T11, T12) must not stop the job: it is planned as a
+                # partition of its own with no known rows, which fails when read, naming
+                # the file, and is reported after its retries.
+                log.warning("%s; planned as a partition of its own that will fail", e)
+                yield InputItem(uri=uri, size_bytes=size, row_start=0, row_stop=0)
+                continue
             # Row ranges are cut at partition_size; the planner packs them into partitions.
             for start in range(0, rows, step):
                 yield InputItem(uri=uri, size_bytes=size, row_start=start,
@@ -165,7 +270,7 @@ class ManifestDatasource(Datasource):
         raise PartitionError(f"manifest has neither a 'url' nor a 'path' column "
                              f"(columns: {schema.names}); set source.path_column")
 
-    def read_batches(self, partition, batch_size, pool):
+    def _read(self, partition, batch_size, pool):
         for item in partition.inputs:
             table = manifest.read_rows(item.uri, self.spec.manifest_format, item.row_start,
                                        item.row_stop, self._string_columns())
@@ -175,18 +280,24 @@ class ManifestDatasource(Datasource):
                     raise PartitionError(f"{item.uri}: column {col!r} not found "
                                          f"(columns: {table.column_names})")
             base = posixpath.dirname(item.uri)
+            stem = posixpath.splitext(posixpath.basename(item.uri))[0]
+            row = item.row_start
             for chunk in table.to_batches(max_chunksize=batch_size):
-                yield self._batch(chunk.to_pydict(), path_col, base, pool)
+                yield self._batch(chunk.to_pydict(), path_col, base, f"{stem}/", row, pool)
+                row += chunk.num_rows
 
-    def _batch(self, cols: dict[str, list], path_col: str, base: str,
-               pool: ThreadPoolExecutor) -> Batch:
+    def _batch(self, cols: dict[str, list], path_col: str, base: str, key_prefix: str,
+               first_row: int, pool: ThreadPoolExecutor) -> Batch:
         uris = [_resolve_media(p, base) for p in cols[path_col]]
-        fetched = list(pool.map(lambda u: self._fetch(u, 0) if u else (None, "read_failed: "
-                                f"empty {path_col!r} value"), uris))
+        executor = self._downloads() if any(_is_url(u) for u in uris) else pool
+        fetched = list(executor.map(lambda u: self._fetch(u, None) if u else (
+            None, f"{ErrorReason.READ_FAILED.value}: empty {path_col!r} value"), uris))
         if self.spec.key_column:
             keys = [str(k) for k in cols[self.spec.key_column]]
-        else:
-            keys = [posixpath.splitext(posixpath.basename(u or ""))[0] for u in uris]
+        else:  # a file's stem; a URL's row number in its manifest (img2dataset numbering)
+            keys = [f"{key_prefix}{first_row + j:09d}" if _is_url(u)
+                    else posixpath.splitext(posixpath.basename(u or ""))[0]
+                    for j, u in enumerate(uris)]
         batch: Batch = {KEY: keys, SOURCE_URI: [u or "" for u in uris],
                         SOURCE_BYTES: [d for d, _ in fetched], ERROR: [e for _, e in fetched],
                         RAW_CAPTION: cols.get(self.spec.caption_column, [None] * len(uris))}
@@ -195,6 +306,70 @@ class ManifestDatasource(Datasource):
             if name not in skip:
                 batch[carried_name(name)] = values
         return batch
+
+
+class WebDatasetDatasource(Datasource):
+    """WebDataset ``.tar`` shards: the shard file ``uri`` or the shards under it; a
+    partition is ``shards_per_partition`` whole shards. Per sample, the first member whose
+    extension is a media extension is the media, ``txt`` (or ``json[caption_column]``)
+    the caption, the rest of ``json`` goes to ``metadata_json``. Bad samples and
+    truncated shards become error rows (``pipeline.io.webdataset.read_shard``)."""
+
+    def list_inputs(self) -> Iterator[InputItem]:
+        size = fs.file_size(self.spec.uri)
+        if size is not None:
+            yield InputItem(uri=fs.normalize(self.spec.uri), size_bytes=size)
+            return
+        found = 0
+        for entry in fs.list_files(self.spec.uri):
+            if entry.uri.lower().endswith(".tar"):
+                found += 1
+                yield InputItem(uri=entry.uri, size_bytes=entry.size_bytes)
+        if not found:
+            raise PlanError(f"source.uri {self.spec.uri!r}: no .tar shards found")
+
+    def extra_fields(self, partition: Partition) -> list[pa.Field]:
+        return [pa.field("metadata_json", pa.string())]
+
+    def _read(self, partition, batch_size, pool):
+        rows: list[dict[str, Any]] = []
+        for item in partition.inputs:
+            for sample in webdataset.read_shard(item.uri, self.temp_dir):
+                rows.append(self._row(sample))
+                if len(rows) == batch_size:
+                    yield _to_batch(rows)
+                    rows = []
+        if rows:
+            yield _to_batch(rows)
+
+    def _row(self, sample: webdataset.ShardSample) -> dict[str, Any]:
+        exts = [e.lstrip(".") for e in self.spec.media_extensions]
+        media = next((e for e in sample.members if e in exts), None)
+        error = sample.error
+        if error is None and media is None:
+            error = (f"{ErrorReason.BAD_SAMPLE.value}: key {sample.key!r} in shard "
+                     f"{sample.shard_uri}: no media member (members: {sorted(sample.members)})")
+        data = sample.members.get(media) if media else None
+        if error is None and data is not None and len(data) > self.max_bytes:
+            error, data = _too_large(len(data), self.max_bytes), None
+        caption, meta = sample.members.get("txt"), None
+        if "json" in sample.members:
+            try:
+                obj = json.loads(sample.members["json"])
+                if isinstance(obj, dict):
+                    found = obj.pop(self.spec.caption_column, None)
+                    caption = caption if found is None else found
+                    meta = json.dumps(obj, sort_keys=True, ensure_ascii=False)
+            except ValueError as e:
+                error = error or (f"{ErrorReason.BAD_SAMPLE.value}: key {sample.key!r} in "
+                                  f"shard {sample.shard_uri}: bad json member: {e}")
+        uri = f"{sample.shard_uri}#{sample.key}" + (f".{media}" if media else "")
+        return {KEY: sample.key, SOURCE_URI: uri, SOURCE_BYTES: None if error else data,
+                RAW_CAPTION: caption, ERROR: error, "metadata_json": meta}
+
+
+def _to_batch(rows: list[dict[str, Any]]) -> Batch:
+    return {k: [r[k] for r in rows] for k in rows[0]}
 
 
 def _group_items(group: dict) -> Iterator[InputItem]:
@@ -222,6 +397,9 @@ def _key_from_uri(uri: str, root: str) -> str:
     return posixpath.splitext(rel)[0]
 
 
-def make_datasource(spec: SourceSpec, decode: DecodeSpec) -> Datasource:
+def make_datasource(spec: SourceSpec, decode: DecodeSpec, download: DownloadSpec | None = None,
+                    video: VideoSpec | None = None) -> Datasource:
     """Return the datasource for ``spec.kind``."""
-    return {"files": FilesDatasource, "manifest": ManifestDatasource}[spec.kind](spec, decode)
+    kinds = {"files": FilesDatasource, "manifest": ManifestDatasource,
+             "webdataset": WebDatasetDatasource}
+    return kinds[spec.kind](spec, decode, download, video)

@@ -62,19 +62,21 @@ class ImageGeometry:
 @dataclasses.dataclass(frozen=True)
 class OutputField:
     """An output column: ``kind`` ``vector`` (fixed_size_list<dtype>[dim], L2-normalised),
-    ``float`` (float32 scalar) or ``text`` (large_string)."""
+    ``vectors`` (list<fixed_size_list<dtype>[dim]>: one vector per video frame), ``float``
+    (float32 scalar) or ``text`` (large_string)."""
 
     name: str
-    kind: Literal["vector", "float", "text"]
+    kind: Literal["vector", "vectors", "float", "text"]
     dim: int = 0
     dtype: Literal["float32", "float16"] = "float32"
 
     def arrow(self):
         import pyarrow as pa
 
-        if self.kind == "vector":
+        if self.kind in ("vector", "vectors"):
             value = pa.float16() if self.dtype == "float16" else pa.float32()
-            return pa.field(self.name, pa.list_(value, self.dim))
+            vector = pa.list_(value, self.dim)
+            return pa.field(self.name, vector if self.kind == "vector" else pa.list_(vector))
         if self.kind == "float":
             return pa.field(self.name, pa.float32())
         return pa.field(self.name, pa.large_string())

@@ -55,7 +55,7 @@ def run_job(spec: JobSpec) -> JobReport:
     fs.configure(**spec.storage.model_dump())
     check_models(spec)  # fail now, naming the model location, not in an actor
     prepare_output(spec)
-    source = make_datasource(spec.source, spec.decode)
+    source = make_datasource(spec.source, spec.decode, spec.download, spec.video)
     plan, how = planning.load_or_create(spec.sink.uri, spec.source, source.list_inputs)
     store = CheckpointStore(spec.sink.uri)
     done, foreign = store.committed(fp)

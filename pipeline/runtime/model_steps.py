@@ -8,6 +8,12 @@ and image embeddings, in parallel); a later stage runs only on rows still ``ok``
 previous stage's filters (captioning after the ``min_clip_score`` filter, so no GPU time
 is spent captioning rejected images).
 
+Video rows carry an (F, h, w, 3) stack of their F sampled frames instead of one image:
+an embedding model gets every frame (the caption repeated per frame) and the row gets the
+mean-pooled, L2-normalised ``image_embedding`` (the clip embedding), the per-frame vectors
+in ``frame_embeddings`` and the mean of the per-frame scalar outputs (``clip_score``); a
+captioner gets the middle sampled frame.
+
 Per batch, the worker submits the stage's tasks (whole columns: a (n, H, W, 3) uint8
 array, a list of captions) and moves on to the next batch; at most ``max_in_flight``
 batches wait for models (the smallest K of the tasks). The oldest batch is completed
@@ -25,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.models.base import ModelInfo, OutputField
-from pipeline.records import CAPTION, STATUS, TEXT_EMBEDDING, Batch, Status
+from pipeline.records import (CAPTION, FRAME_EMBEDDINGS, IMAGE_EMBEDDING, STATUS, TEXT_EMBEDDING,
+                              Batch, Status)
 from pipeline.spec import JobSpec
 from pipeline.steps.base import Step
 from pipeline.steps.model_input import ScoreFilterStep
@@ -33,12 +40,31 @@ from pipeline.steps.model_input import ScoreFilterStep
 
 @dataclasses.dataclass
 class ModelTask:
-    """A model step: ``section`` (spec section), its client, what it takes and gives."""
+    """A model step: ``section`` (spec section), its client, what it takes and gives.
+
+    ``video``: rows are videos (image inputs are (F, h, w, 3) frame stacks).
+    """
 
     section: str
     client: Any
     info: ModelInfo
     max_in_flight: int = 2
+    video: bool = False
+
+    @property
+    def per_frame(self) -> bool:
+        """Video: every frame goes to the model (embeddings), not just the middle one."""
+        return self.video and self.info.image is not None and any(
+            f.kind == "vector" for f in self.info.outputs)
+
+    @property
+    def fields(self) -> list[OutputField]:
+        """Output columns: the model's, plus ``frame_embeddings`` for video embeddings."""
+        out = list(self.info.outputs)
+        if self.per_frame:
+            out += [OutputField(FRAME_EMBEDDINGS, "vectors", f.dim, f.dtype)
+                    for f in self.info.outputs if f.name == IMAGE_EMBEDDING]
+        return out
 
     def rows(self, batch: Batch) -> list[int]:
         """Rows to send: ``ok`` rows that have this model's required inputs."""
@@ -50,24 +76,56 @@ class ModelTask:
             rows = [i for i in rows if col is not None and col[i] is not None]
         return rows
 
+    def _counts(self, batch: Batch, rows: list[int]) -> list[int]:
+        """Model inputs per row: frames for per-frame video rows, else 1."""
+        if not self.per_frame:
+            return [1] * len(rows)
+        col = batch[self.info.image.column]
+        return [col[i].shape[0] for i in rows]
+
     def inputs(self, batch: Batch, rows: list[int]) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        counts = self._counts(batch, rows)
         if self.info.image is not None:
             col = batch[self.info.image.column]
-            out["pixels"] = np.stack([col[i] for i in rows])
+            if self.per_frame:
+                out["pixels"] = np.concatenate([col[i] for i in rows])
+            elif self.video:
+                out["pixels"] = np.stack([col[i][len(col[i]) // 2] for i in rows])
+            else:
+                out["pixels"] = np.stack([col[i] for i in rows])
         if self.info.text is not None:
-            out["text"] = [batch[CAPTION][i] for i in rows]
+            out["text"] = [batch[CAPTION][i] for i, c in zip(rows, counts) for _ in range(c)]
         return out
 
     def apply(self, batch: Batch, rows: list[int], outputs: dict[str, Any]) -> None:
-        for field in self.info.outputs:
-            values = outputs[field.name]
+        counts = self._counts(batch, rows)
+        bounds = np.cumsum([0] + counts)
+        for field in self.fields:
             column = batch[field.name]
+            source = outputs[IMAGE_EMBEDDING if field.kind == "vectors" else field.name]
             for j, i in enumerate(rows):
-                value = values[j]
+                values = source[bounds[j]:bounds[j + 1]]
+                column[i] = _pool(values, field.kind) if self.per_frame else values[0]
                 if field.kind == "float":
-                    value = None if value is None or math.isnan(value) else float(value)
-                column[i] = value
+                    v = column[i]
+                    column[i] = None if v is None or math.isnan(v) else float(v)
+
+
+def _pool(values: Any, kind: str) -> Any:
+    """One video row's per-frame outputs -> its value: ``vectors``: the (F, D) array as
+    is; ``vector``: the L2-normalised mean (F, D) -> (D,); ``float``: the mean (NaN-aware;
+    None if every frame is NaN)."""
+    if kind == "vectors":
+        return np.asarray(values)
+    if kind == "vector":
+        mean = np.asarray(values, dtype=np.float32).mean(axis=0)
+        norm = float(np.linalg.norm(mean))
+        return (mean / norm if norm > 0 else mean).astype(np.asarray(values).dtype)
+    if kind == "float":
+        arr = np.asarray(values, dtype=np.float64)
+        return None if np.isnan(arr).all() else float(np.nanmean(arr))
+    return values[0]
 
 
 class LocalModelClient:
@@ -109,6 +167,8 @@ class ModelPlan:
     @classmethod
     def build(cls, spec: JobSpec, tasks: list[ModelTask]) -> "ModelPlan":
         """Stage 0: every task but a captioner that must wait for the score filter."""
+        for task in tasks:
+            task.video = spec.source.media == "video"
         gate = spec.image_embedding.enabled and spec.image_embedding.min_clip_score is not None
         later = [t for t in tasks if gate and t.section == "captioning"]
         first = [t for t in tasks if t not in later]
@@ -121,7 +181,7 @@ class ModelPlan:
 
     @property
     def fields(self) -> list[OutputField]:
-        return [f for stage in self.stages for t in stage for f in t.info.outputs]
+        return [f for stage in self.stages for t in stage for f in t.fields]
 
     @property
     def geometries(self) -> list:

@@ -30,23 +30,36 @@ from pipeline.steps.caption import CaptionStep
 from pipeline.steps.dedup import DedupStep
 from pipeline.steps.image import DecodeStep, FilterStep, HashStep, ResizeStep
 from pipeline.steps.model_input import ModelInputStep
+from pipeline.steps.video import VideoDecodeStep, VideoFramesStep
 
 log = logging.getLogger(__name__)
 
 
 def build_steps(spec: JobSpec, executor: ThreadPoolExecutor | None = None,
                 model_geometries: list | tuple = ()) -> list[Step]:
-    """The CPU steps of a job, in order: caption, decode, filter, hash, dedup, model
-    inputs (one uint8 array per record and ``ImageGeometry``, if any model takes images),
-    resize. JPEG draft decoding keeps the pixels large enough for every consumer."""
-    draft = spec.resize.size_px if spec.resize.mode != "none" else None
-    if draft is not None and model_geometries:
-        draft = max([draft] + [g.min_side_px for g in model_geometries])
-    steps: list[Step] = [CaptionStep(spec.captions), DecodeStep(spec.decode, draft),
-                         FilterStep(spec.filters), HashStep(), DedupStep(spec.dedup)]
-    if model_geometries:
-        steps.append(ModelInputStep(list(model_geometries)))
-    steps.append(ResizeStep(spec.resize))
+    """The CPU steps of a job, in order.
+
+    Images: caption, decode, filter, hash, dedup, model inputs (one uint8 array per record
+    and ``ImageGeometry``, if any model takes images), resize. JPEG draft decoding keeps
+    the pixels large enough for every consumer. Video: caption, video decode (sampled
+    frames, sha256 of the file, pHash of the middle frame), filter, dedup, model inputs
+    (an (F, h, w, 3) stack per record), frame encoding.
+    """
+    if spec.source.media == "video":
+        steps: list[Step] = [CaptionStep(spec.captions), VideoDecodeStep(spec.video, spec.resize),
+                             FilterStep(spec.filters), DedupStep(spec.dedup)]
+        if model_geometries:
+            steps.append(ModelInputStep(list(model_geometries)))
+        steps.append(VideoFramesStep(spec.resize))
+    else:
+        draft = spec.resize.size_px if spec.resize.mode != "none" else None
+        if draft is not None and model_geometries:
+            draft = max([draft] + [g.min_side_px for g in model_geometries])
+        steps = [CaptionStep(spec.captions), DecodeStep(spec.decode, draft),
+                 FilterStep(spec.filters), HashStep(), DedupStep(spec.dedup)]
+        if model_geometries:
+            steps.append(ModelInputStep(list(model_geometries)))
+        steps.append(ResizeStep(spec.resize))
     for step in steps:
         if isinstance(step, RowStep):
             step.executor = executor
@@ -99,8 +112,9 @@ def process_partition(partition: Partition, attempt_id: str, spec: JobSpec, fing
     pid = partition.partition_id
     plan = as_model_plan(spec, models, embedding_dim)
     schema = output_schema(source.extra_fields(partition), None,
-                           [f.arrow() for f in plan.fields])
-    sink = ParquetDatasink(spec.sink.uri, pid, attempt_id, spec.sink, schema)
+                           [f.arrow() for f in plan.fields], spec.source.media)
+    sink = ParquetDatasink(spec.sink.uri, pid, attempt_id, spec.sink, schema,
+                           spec.resize.encode_format)
     pending: collections.deque = collections.deque()
     try:
         for step in steps:
@@ -121,7 +135,8 @@ def process_partition(partition: Partition, attempt_id: str, spec: JobSpec, fing
     marker = {
         "partition_id": pid, "attempt_id": attempt_id, "fingerprint": fingerprint,
         "files": list(result.files), "sha256": result.sha256, "rows_in": rows_in,
-        "rows_planned": partition.rows_planned,
+        # WebDataset: samples are unknown until the shards are read
+        "rows_planned": None if spec.source.kind == "webdataset" else partition.rows_planned,
         "rows_by_status": {s.value: result.rows_by_status.get(s.value, 0) for s in Status},
         "rows_by_reason": result.rows_by_reason, "bytes_written": result.bytes_written,
         "started_at": started, "finished_at": time.time(),

@@ -36,8 +36,8 @@ class PartitionWorker:
         self.index = index
         self.metrics = metrics.WorkerMetrics(self.spec.name, index)
         self.pool = ThreadPoolExecutor(self.spec.runtime.decode_threads)
-        self.source = self.metrics.count_reads(make_datasource(self.spec.source,
-                                                               self.spec.decode))
+        self.source = self.metrics.count_reads(make_datasource(
+            self.spec.source, self.spec.decode, self.spec.download, self.spec.video))
         self.steps = build_steps(self.spec, self.pool,
                                  [p.info.image for p in model_pools if p.info.image])
         self.models = worker_tasks(model_pools, index, wrap=self.metrics.count_model_calls)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
-from pipeline.records import (CLIP_SCORE, IMAGE, PIXELS, REJECT_REASON, STATUS, Batch,
+from pipeline.records import (CLIP_SCORE, FRAMES, IMAGE, PIXELS, REJECT_REASON, STATUS, Batch,
                               RejectReason, Status)
 from pipeline.steps.base import RowStep, Step
 
@@ -51,14 +51,20 @@ def model_input(pixels: np.ndarray, geometry: "ImageGeometry") -> np.ndarray:
 
 
 class ModelInputStep(RowStep):
-    """``_pixels`` -> one model-input column per distinct geometry, for ``ok`` rows."""
+    """``_pixels`` -> one model-input column per distinct geometry, for ``ok`` rows: an
+    (h, w, 3) uint8 array per image; for a video (``_frames``) an (F, h, w, 3) uint8 stack
+    of its F sampled frames."""
 
     def __init__(self, geometries: "list[ImageGeometry]"):
         self.geometries = sorted(set(geometries), key=lambda g: g.column)
         self.outputs = tuple(g.column for g in self.geometries)
 
     def process_row(self, batch, i):
-        return {g.column: model_input(batch[PIXELS][i], g) for g in self.geometries}
+        pixels = batch.get(PIXELS)
+        if pixels is not None and pixels[i] is not None:
+            return {g.column: model_input(pixels[i], g) for g in self.geometries}
+        frames = batch[FRAMES][i]
+        return {g.column: np.stack([model_input(f, g) for f in frames]) for g in self.geometries}
 
 
 class ScoreFilterStep(Step):

@@ -122,3 +122,40 @@ def test_plan_is_written_once_and_reused_with_listing_change_warning(mixed_input
     other = SourceSpec(kind="files", uri=str(mixed_input), partition_size=3)
     with pytest.raises(PlanError, match="another source spec"):
         planning.load_or_create(out, other, src.list_inputs)
+
+
+def test_corrupt_manifests_are_planned_alone_and_fail_their_partition_naming_the_file(tmp_path):
+    """T11 (a Parquet file cut at 60%: no footer) and T12 (a plain-text URL list named
+    .parquet) do not stop planning: each is a partition of its own whose read raises
+    PartitionError naming the file; the good manifest beside them plans and reads."""
+    import shutil
+
+    from pipeline.errors import PartitionError
+    from tests.conftest import CASES
+
+    shutil.copy(CASES / "T11_shard/laion_sample_1000_truncated.parquet", tmp_path / "a_t11.parquet")
+    pq.write_table(pa.Table.from_pylist(_manifest_rows(5)), tmp_path / "b_good.parquet")
+    shutil.copy(CASES / "T12_shard/url_list_named.parquet", tmp_path / "c_t12.parquet")
+    spec = SourceSpec(kind="manifest", uri=str(tmp_path), key_column="key", partition_size=3)
+    src = make_datasource(spec, DecodeSpec())
+    parts = list(planning.pack(src.list_inputs(), spec.partition_size))
+    assert [(p.inputs[0].uri.rsplit("/", 1)[1], p.rows_planned) for p in parts] == [
+        ("a_t11.parquet", 0), ("b_good.parquet", 3), ("b_good.parquet", 2), ("c_t12.parquet", 0)]
+    for part, name in ((parts[0], "a_t11.parquet"), (parts[3], "c_t12.parquet")):
+        with pytest.raises(PartitionError, match=name):
+            src.extra_fields(part)
+        with pytest.raises(PartitionError, match=f"{name}: cannot read as parquet"):
+            list(src.read_batches(part, 10, POOL))
+    batch = next(src.read_batches(parts[2], 10, POOL))
+    assert batch["key"] == [r["key"] for r in _manifest_rows(5)[3:]] and not any(batch["error"])
+
+
+def test_manifest_enforces_max_bytes_after_reading(tmp_path):
+    rows = _manifest_rows(2)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "m.parquet")
+    small = min((PHOTOS / r["file"]).stat().st_size for r in coco_captions()[:2])
+    spec = SourceSpec(kind="manifest", uri=str(tmp_path / "m.parquet"), key_column="key")
+    src = make_datasource(spec, DecodeSpec(max_bytes=small - 1))
+    batch = next(src.read_batches(next(planning.pack(src.list_inputs(), 10)), 10, POOL))
+    assert all(e.startswith("too_large: ") for e in batch["error"])
+    assert batch["_source_bytes"] == [None, None]

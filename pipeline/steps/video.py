@@ -1,0 +1,454 @@
+"""Video steps: PyAV (FFmpeg) decode with frames sampled by presentation timestamp.
+
+``decode_video(path, spec)`` opens a local file with PyAV, decodes every frame of the
+best video stream (so the frame count, duration and rate are measured, never read from
+the header) and keeps only the frames chosen by ``spec.sampling``:
+
+- ``fps``: targets ``t0, t0 + 1/fps, ...`` (seconds of presentation time, ``t0`` = the
+  first frame's pts); each target takes the first decoded frame whose pts >= target (one
+  frame serves all the targets it covers, so a frame is never sampled twice).
+- ``uniform``: ``num_frames`` targets evenly spaced over [first pts, last pts]. The span is
+  read first by a demux-only pass over the packets (no decoding; packet pts sorted are
+  the presentation order), then a decode pass takes for each target the frame nearest in
+  pts (ties go to the earlier frame).
+- ``keyframes``: the frames with ``frame.key_frame`` set.
+- ``scene``: the first frame and every frame whose mean absolute difference (0..1) to
+  the previous frame, both reformatted to 64x36 grey, exceeds ``scene_threshold``. This
+  is the idea of PySceneDetect's ``ContentDetector`` (a per-frame difference score
+  against a threshold) but simpler: grey level only, no HSV, no minimum scene length.
+
+Any mode keeps at most ``spec.max_frames`` frames: more candidates are thinned evenly
+(by candidate index; while streaming every other candidate is dropped whenever twice
+``max_frames`` are held, so memory stays bounded by 2 * max_frames frames).
+
+Frames are PTS-timed: ``frame.time`` (= pts * time_base). A frame without pts gets the
+previous frame's time plus its duration. Only the chosen frames are converted to RGB.
+
+Rotation: FFmpeg exports the container's display matrix (MP4/MOV ``tkhd`` matrix, the
+old ``rotate`` tag) as frame side data; PyAV >= 13 reads it as ``frame.rotation`` =
+``av_display_rotation_get()``, the angle in degrees by which the matrix turns the coded
+picture COUNTER-clockwise, in [-180, 180]. ``np.rot90(a, k)`` also turns
+counter-clockwise, so the upright picture is ``np.rot90(a, round(rotation / 90))``.
+``rotation_deg`` reports the CLOCKWISE angle applied, ``(-rotation) % 360`` - the value
+of ffprobe's legacy ``rotate`` tag and of the ``theta`` the ffmpeg CLI autorotates by
+(``theta == 90`` -> ``transpose=clock``). A phone clip tagged ``rotate=90`` has
+``frame.rotation == -90`` and is turned 90 degrees clockwise. Angles that are not a
+multiple of 90 are rounded to the nearest one; mirrored matrices (a flip) are not
+handled. The rotation of the first decoded frame is applied to every frame.
+
+Errors (``pipeline.errors.RecordError`` with a ``records.ErrorReason`` value):
+``empty_file`` (0 bytes), ``read_failed`` (the file cannot be stat'ed),
+``corrupt_container`` (FFmpeg cannot open it, or it has no video stream),
+``no_frames`` (not one frame decodes). A packet that fails to demux or decode is counted
+in ``decode_errors`` and skipped; a result with errors and >= 1 frame has
+``partial=True``. Decoding stops after ``MAX_PACKETS`` packets or ``DECODE_BUDGET_S``
+seconds (counted as one decode error, so the result is partial), so a broken file can
+never loop forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import os
+import time
+from typing import Any
+
+import av
+import av.error
+import numpy as np
+
+from pipeline.errors import RecordError
+from pipeline.records import (FRAMES, HEIGHT, IMAGE, MIME, PHASH, SHA256, SOURCE_PATH, STATUS,
+                              WIDTH, Batch, ErrorReason)
+from pipeline.spec import ResizeSpec, VideoSpec
+from pipeline.steps.base import RowStep
+from pipeline.steps.image import phash64, resize_pixels
+
+
+MAX_PACKETS = 10_000_000   # ~46 h at 60 fps: beyond this a file is treated as looping
+DECODE_BUDGET_S = 600.0    # wall-clock seconds per decode pass
+SCENE_SIZE = (64, 36)      # (width, height) of the grey thumbnails compared in `scene`
+
+# Container short name -> (format, mime). FFmpeg names the MP4 family demuxer
+# "mov,mp4,m4a,3gp,3g2,mj2" and Matroska "matroska,webm"; the brand / DocType decides.
+_MIMES = {"mp4": "video/mp4", "mov": "video/quicktime", "webm": "video/webm",
+          "matroska": "video/x-matroska", "avi": "video/x-msvideo", "flv": "video/x-flv",
+          "mpegts": "video/mp2t", "mpeg": "video/mpeg", "ogg": "video/ogg",
+          "asf": "video/x-ms-asf", "3gp": "video/3gpp"}
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoInfo:
+    """The measured properties and sampled frames of one video.
+
+    ``duration_s``: seconds from the first decoded frame's pts to the last decoded frame's
+    pts plus that frame's duration (measured, not the header's). ``fps``: measured mean
+    rate, ``frame_count / duration_s`` (0.0 if the duration is 0). ``frame_count``: frames
+    actually decoded. ``width``/``height``: display size in pixels (after rotation) of the
+    first decoded frame. ``rotation_deg``: clockwise rotation applied, 0/90/180/270.
+    ``codec``: FFmpeg decoder name (e.g. ``h264``). ``container``: short container name
+    (``mp4``, ``mov``, ``webm``, ``matroska``, ...), ``mime`` its MIME type.
+    ``timestamps_s``: presentation times (seconds, ascending) of ``frames``, a list of
+    upright (H, W, 3) uint8 RGB arrays. ``partial``: some packets failed but >= 1 frame
+    decoded; ``decode_errors``: packets (or passes) that failed.
+    """
+
+    duration_s: float
+    fps: float
+    frame_count: int
+    width: int
+    height: int
+    rotation_deg: int
+    codec: str
+    container: str
+    mime: str
+    timestamps_s: list[float]
+    frames: list[np.ndarray]
+    partial: bool
+    decode_errors: int
+
+
+class _Thinner:
+    """Keeps an evenly thinned subsequence of at most ``cap`` candidates, streaming.
+
+    Holds at most 2 * cap items: when full, every other item is dropped and the stride
+    between kept candidates doubles. ``result()`` then thins to ``cap`` with linspace.
+    """
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.stride = 1
+        self.seen = 0
+        self.items: list[Any] = []
+
+    def add(self, item: Any) -> None:
+        if self.seen % self.stride == 0:
+            self.items.append(item)
+            if len(self.items) > 2 * self.cap:
+                self.items = self.items[::2]
+                self.stride *= 2
+        self.seen += 1
+
+    def result(self) -> list[Any]:
+        return thin_evenly(self.items, self.cap)
+
+
+def thin_evenly(items: list[Any], cap: int) -> list[Any]:
+    """``items`` if ``len(items) <= cap``, else ``cap`` of them at evenly spaced indices."""
+    if len(items) <= cap:
+        return list(items)
+    idx = np.unique(np.round(np.linspace(0, len(items) - 1, cap)).astype(int))
+    return [items[i] for i in idx]
+
+
+class _Decoder:
+    """One decode pass over the video stream: yields (frame, time_s) in decode order."""
+
+    def __init__(self, path: str, max_packets: int, budget_s: float):
+        self.container = _open(path)
+        self.stream = _video_stream(self.container, path)
+        self.errors = 0
+        self.max_packets = max_packets
+        self.budget_s = budget_s
+
+    def frames(self):
+        deadline = time.monotonic() + self.budget_s
+        demux = self.container.demux(self.stream)
+        n_packets = 0
+        prev_end: float | None = None
+        while True:
+            if n_packets >= self.max_packets or time.monotonic() > deadline:
+                self.errors += 1  # budget exhausted: stop, the result is partial
+                return
+            try:
+                packet = next(demux)
+            except StopIteration:
+                break
+            except (av.error.FFmpegError, OSError, ValueError, EOFError):
+                self.errors += 1  # the demuxer gave up: flush what was sent so far
+                packet = None
+            n_packets += 1
+            try:
+                decoded = packet.decode() if packet is not None else \
+                    self.stream.codec_context.decode(None)
+                for frame in decoded:
+                    t = frame.time
+                    if t is None:  # no pts: continue from the previous frame
+                        t = prev_end if prev_end is not None else 0.0
+                    prev_end = t + _frame_duration_s(frame)
+                    yield frame, float(t)
+            except (av.error.FFmpegError, ValueError, EOFError):
+                self.errors += 1
+            if packet is None:
+                break
+
+    def close(self) -> None:
+        self.container.close()
+
+
+def _open(path: str):
+    try:
+        return av.open(path, metadata_errors="ignore")
+    except (av.error.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
+        raise RecordError(ErrorReason.CORRUPT_CONTAINER.value, f"{type(e).__name__}: {e}") from e
+
+
+def _video_stream(container, path: str):
+    if not container.streams.video:
+        container.close()
+        raise RecordError(ErrorReason.CORRUPT_CONTAINER.value, f"no video stream in {path}")
+    try:
+        return container.streams.best("video") or container.streams.video[0]
+    except (av.error.FFmpegError, ValueError):
+        return container.streams.video[0]
+
+
+def _frame_duration_s(frame) -> float:
+    """Duration of ``frame`` in seconds from its own ``duration`` (0.0 if unknown)."""
+    d = getattr(frame, "duration", None)
+    if not d or frame.time_base is None:
+        return 0.0
+    return float(d * frame.time_base)
+
+
+def _packet_times(path: str, max_packets: int, budget_s: float) -> tuple[list[float], int]:
+    """Demux-only pass: sorted pts (seconds) of the video packets, and demux errors."""
+    container = _open(path)
+    try:
+        stream = _video_stream(container, path)
+        tb = stream.time_base
+        times: list[float] = []
+        errors = 0
+        deadline = time.monotonic() + budget_s
+        demux = container.demux(stream)
+        for _ in range(max_packets):
+            if time.monotonic() > deadline:
+                break
+            try:
+                packet = next(demux)
+            except StopIteration:
+                break
+            except (av.error.FFmpegError, OSError, ValueError, EOFError):
+                errors += 1
+                break
+            if packet.pts is not None and packet.size > 0:
+                times.append(float(packet.pts * tb))
+        return sorted(times), errors
+    finally:
+        container.close()
+
+
+def _rotation_k(frame) -> int:
+    """np.rot90 ``k`` (counter-clockwise quarter turns) that makes ``frame`` upright."""
+    rot = getattr(frame, "rotation", 0) or 0
+    return int(round(rot / 90.0)) % 4
+
+
+def _to_rgb(frame, k: int) -> np.ndarray:
+    """(H, W, 3) uint8 RGB, upright, C-contiguous."""
+    a = frame.to_ndarray(format="rgb24")
+    return np.ascontiguousarray(np.rot90(a, k)) if k else a
+
+
+def _scene_gray(frame) -> np.ndarray:
+    w, h = SCENE_SIZE
+    return frame.reformat(width=w, height=h, format="gray").to_ndarray().astype(np.int16)
+
+
+def _container_name(container, path: str) -> str:
+    names = container.format.name.split(",")
+    if "mov" in names:
+        brand = (container.metadata or {}).get("major_brand", "").strip().lower()
+        return "mov" if brand == "qt" else "mp4"
+    if "matroska" in names or "webm" in names:
+        with open(path, "rb") as f:
+            head = f.read(64)
+        return "webm" if b"webm" in head else "matroska"
+    return names[0]
+
+
+def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
+                 budget_s: float = DECODE_BUDGET_S) -> VideoInfo:
+    """Decode the local video file ``path`` and sample frames per ``spec`` (see module doc).
+
+    Raises ``RecordError`` with reason ``empty_file``, ``read_failed``,
+    ``corrupt_container`` or ``no_frames``. ``max_packets`` and ``budget_s`` (seconds)
+    bound each pass over the file.
+    """
+    try:
+        size = os.stat(path).st_size
+    except OSError as e:
+        raise RecordError(ErrorReason.READ_FAILED.value, f"{type(e).__name__}: {e}") from e
+    if size == 0:
+        raise RecordError(ErrorReason.EMPTY_FILE.value, f"{path} has 0 bytes")
+
+    cap = spec.max_frames
+    targets: list[float] | None = None
+    pre_errors = 0
+    if spec.sampling == "uniform":
+        times, pre_errors = _packet_times(path, max_packets, budget_s)
+        if times:
+            n = min(spec.num_frames, cap)
+            targets = np.linspace(times[0], times[-1], n).tolist() if n > 1 else [times[0]]
+
+    dec = _Decoder(path, max_packets, budget_s)
+    try:
+        codec = dec.stream.codec_context.name
+        container = _container_name(dec.container, path)
+        count = 0
+        first_t = last_t = None
+        last_end = 0.0
+        first_frame = None
+        thinner = _Thinner(cap)
+        # uniform: [frame_index, time, frame] chosen per target; resolved lazily
+        chosen: dict[int, tuple[float, Any]] = {}
+        all_uniform_fallback = _Thinner(min(spec.num_frames, cap))
+        j = 0  # next target (fps / uniform)
+        next_fps_t: float | None = None
+        prev: tuple[int, float, Any] | None = None
+        prev_gray = None
+        for frame, t in dec.frames():
+            idx = count
+            count += 1
+            if first_frame is None:
+                first_frame, first_t = frame, t
+                next_fps_t = t
+            last_t = t
+            last_end = t + _frame_duration_s(frame)
+            if spec.sampling == "fps":
+                if t >= next_fps_t:
+                    thinner.add((t, frame))
+                    while next_fps_t <= t:  # all targets this frame covers
+                        j += 1
+                        next_fps_t = first_t + j / spec.fps
+            elif spec.sampling == "uniform":
+                if targets is None:
+                    all_uniform_fallback.add((t, frame))
+                else:
+                    while j < len(targets) and targets[j] <= t:
+                        target = targets[j]
+                        if prev is not None and target - prev[1] <= t - target:
+                            chosen.setdefault(prev[0], (prev[1], prev[2]))
+                        else:
+                            chosen.setdefault(idx, (t, frame))
+                        j += 1
+                    prev = (idx, t, frame)
+            elif spec.sampling == "keyframes":
+                if frame.key_frame:
+                    thinner.add((t, frame))
+            else:  # scene
+                gray = _scene_gray(frame)
+                if prev_gray is None:
+                    thinner.add((t, frame))
+                elif float(np.abs(gray - prev_gray).mean()) / 255.0 > spec.scene_threshold:
+                    thinner.add((t, frame))
+                prev_gray = gray
+        errors = dec.errors + pre_errors
+    finally:
+        dec.close()
+
+    if count == 0:
+        raise RecordError(ErrorReason.NO_FRAMES.value,
+                          f"no decodable video frame ({errors} packets failed)")
+    if spec.sampling == "uniform":
+        if targets is None:  # no packet pts: evenly spaced among decoded frames
+            picked = all_uniform_fallback.result()
+        else:
+            if j < len(targets) and prev is not None:  # targets after the last frame
+                chosen.setdefault(prev[0], (prev[1], prev[2]))
+            picked = [chosen[i] for i in sorted(chosen)]
+    else:
+        picked = thinner.result()
+    picked.sort(key=lambda p: p[0])
+
+    k = _rotation_k(first_frame)
+    frames = [_to_rgb(f, k) for _, f in picked]
+    w, h = first_frame.width, first_frame.height
+    if k % 2:
+        w, h = h, w
+    duration = max(0.0, last_end - first_t)
+    if duration == 0.0 and count > 1:
+        duration = last_t - first_t
+    return VideoInfo(
+        duration_s=duration, fps=count / duration if duration > 0 else 0.0,
+        frame_count=count, width=w, height=h, rotation_deg=(-90 * k) % 360, codec=codec,
+        container=container, mime=_MIMES.get(container, f"video/{container}"),
+        timestamps_s=[t for t, _ in picked], frames=frames,
+        partial=errors > 0, decode_errors=errors)
+
+
+def file_sha256(path: str) -> str:
+    """Hex sha256 of the file at ``path``, streamed."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+class VideoDecodeStep(RowStep):
+    """``_source_path`` (a local file path) -> ``_frames`` and the video's metadata.
+
+    Columns: ``_frames`` (list of (H, W, 3) uint8 RGB, internal), ``width``/``height``
+    (display pixels), ``mime``, ``format`` (container), ``duration_s``, ``fps`` (measured),
+    ``frame_count`` (decoded), ``frame_timestamps_s`` (seconds), ``partial``,
+    ``rotation_deg``, ``video_codec``, ``sha256`` (hex, of the file), ``phash`` (64-bit
+    pHash of the middle sampled frame, as in ``HashStep``), ``decode_errors``.
+    """
+
+    outputs = (FRAMES, WIDTH, HEIGHT, MIME, "format", "duration_s", "fps", "frame_count",
+               "frame_timestamps_s", "partial", "rotation_deg", "video_codec", SHA256, PHASH,
+               "decode_errors")
+
+    def __init__(self, spec: VideoSpec, resize: ResizeSpec):
+        self.spec = spec
+        self.resize = resize
+
+    def process_row(self, batch, i):
+        path = batch[SOURCE_PATH][i]
+        if not path:
+            raise RecordError(ErrorReason.READ_FAILED.value, "no local video file")
+        info = decode_video(path, self.spec)
+        return {FRAMES: info.frames, WIDTH: info.width, HEIGHT: info.height, MIME: info.mime,
+                "format": info.container, "duration_s": info.duration_s, "fps": info.fps,
+                "frame_count": info.frame_count, "frame_timestamps_s": info.timestamps_s,
+                "partial": info.partial, "rotation_deg": info.rotation_deg,
+                "video_codec": info.codec, SHA256: file_sha256(path),
+                PHASH: phash64(info.frames[len(info.frames) // 2]),
+                "decode_errors": info.decode_errors}
+
+
+class VideoFramesStep(RowStep):
+    """``_frames`` -> ``frames`` (list of JPEG/WebP bytes), ``image`` (the middle frame,
+    the row's thumbnail), ``image_width``/``image_height`` (pixels, of the encoded frames).
+
+    Frames are resized with ``resize_pixels`` and encoded per ``resize.encode_format``
+    and ``resize.quality``. ``_frames`` is then set to None on every row unless
+    ``keep_frames`` (steps that need the frames, e.g. model inputs, run before this one).
+    """
+
+    outputs = ("frames", IMAGE, "image_width", "image_height")
+
+    def __init__(self, resize: ResizeSpec, keep_frames: bool = False):
+        self.resize = resize
+        self.keep_frames = keep_frames
+
+    def process_row(self, batch, i):
+        fmt = "JPEG" if self.resize.encode_format == "jpeg" else "WEBP"
+        encoded, sizes = [], []
+        for frame in batch[FRAMES][i]:
+            img = resize_pixels(frame, self.resize)
+            buf = io.BytesIO()
+            img.save(buf, format=fmt, quality=self.resize.quality)
+            encoded.append(buf.getvalue())
+            sizes.append(img.size)
+        if not encoded:
+            raise RecordError(ErrorReason.NO_FRAMES.value, "no sampled frames to encode")
+        mid = len(encoded) // 2
+        return {"frames": encoded, IMAGE: encoded[mid],
+                "image_width": sizes[mid][0], "image_height": sizes[mid][1]}
+
+    def __call__(self, batch: Batch) -> Batch:
+        batch = super().__call__(batch)
+        if not self.keep_frames:
+            batch[FRAMES] = [None] * len(batch[STATUS])
+        return batch

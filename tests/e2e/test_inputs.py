@@ -1,0 +1,162 @@
+"""Issue 5 inputs end to end on a real local Ray: WebDataset shards in and out, corrupt
+manifests beside good ones. Each job reconciles ``rows_in == ok + rejected + error`` per
+partition and resumes: a lost partition (marker and files deleted) is the only one rerun."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import webdataset as wds
+
+from pipeline.io import fs
+from pipeline.io.checkpoint import CheckpointStore
+from pipeline.runtime.driver import run_job
+from pipeline.spec import JobSpec
+from tests.conftest import CASES, PHOTOS, coco_captions
+from pipeline.io.checkpoint import committed_files
+
+
+def _spec(src: Path, out: Path, **over) -> JobSpec:
+    data = {"name": "inputs", "source": {"uri": str(src)},
+            "sink": {"uri": str(out), "rows_per_row_group": 4},
+            "runtime": {"batch_size": 4, "num_workers": 1, "max_attempts": 2},
+            "text_embedding": {"enabled": False}}
+    for section, values in over.items():
+        data.setdefault(section, {}).update(values)
+    return JobSpec.model_validate(data)
+
+
+def _accounting(out: Path) -> dict[str, dict]:
+    markers = CheckpointStore(str(out)).markers()
+    for pid, m in markers.items():
+        s = m["rows_by_status"]
+        assert m["rows_in"] == s["ok"] + s["rejected"] + s["error"], pid
+    return markers
+
+
+def _rows(out: Path) -> dict[str, dict]:
+    """Committed output rows keyed by ``source_uri`` (keys repeat across shards)."""
+    return {r["source_uri"]: r for f in committed_files(str(out))
+            for r in pq.read_table(f).to_pylist()}
+
+
+def _write_shard(path: Path, rows: list[dict]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for r in rows:
+            key = r["file"].rsplit(".", 1)[0]
+            for ext, data in (("jpg", (PHOTOS / r["file"]).read_bytes()),
+                              ("json", json.dumps({"caption": r["captions"][0],
+                                                   "license": r["license"]}).encode())):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def _lose(out: Path, pid: str) -> None:
+    """Simulate a lost partition: its marker and its files are gone."""
+    marker = CheckpointStore(str(out)).marker(pid)
+    for rel in marker["files"]:
+        (out / rel).unlink()
+    (out / "_checkpoints" / f"{pid}.json").unlink()
+
+
+def test_webdataset_in_and_out_with_bad_shards_and_resume(ray_local, tmp_path):
+    src = tmp_path / "shards"
+    src.mkdir()
+    taken = {"000000062554", "000000099053", "000000126107", "000000160012"}  # T07/T09 keys
+    photos = [r for r in coco_captions() if r["key"] not in taken][:10]
+    _write_shard(src / "a-000000.tar", photos[:6])
+    _write_shard(src / "a-000001.tar", photos[6:])
+    shutil.copy(CASES / "T07_dupkey/wds_noncontiguous_keys.tar", src / "b-t07.tar")
+    shutil.copy(CASES / "T09_shard/wds_bad_members.tar", src / "c-t09.tar")
+    cut = (src / "a-000001.tar").read_bytes()
+    (src / "d-truncated.tar").write_bytes(cut[: len(cut) // 2])
+    out = tmp_path / "out"
+    spec = _spec(src, out, source={"kind": "webdataset", "shards_per_partition": 2},
+                 dedup={"exact": False, "near": False},
+                 sink={"webdataset": {"enabled": True, "shard_max_samples": 4}})
+    report = run_job(spec)
+    assert report.complete and report.partitions_total == 3      # 5 shards, 2 per partition
+    markers = _accounting(out)
+    rows = _rows(out)
+    by_key = {v["key"]: v for v in rows.values() if "/a-00000" in v["source_uri"]}
+    for r in photos:  # every photo of the two good shards, caption from the json member
+        row = by_key[r["file"].rsplit(".", 1)[0]]
+        assert (row["status"], row["caption"], row["width"]) == ("ok", r["captions"][0], r["width"])
+        assert row["sha256"] == hashlib.sha256((PHOTOS / r["file"]).read_bytes()).hexdigest()
+        assert json.loads(row["metadata_json"]) == {"license": r["license"]}
+    # T07: both keys are non-contiguous -> one error row each, naming key and shard
+    for key in ("000000062554", "000000099053"):
+        t07 = [v for v in rows.values() if v["source_uri"].endswith(f"b-t07.tar#{key}")]
+        assert len(t07) == 1 and t07[0]["status"] == "error"
+        assert t07[0]["error"].startswith(f"bad_sample: key '{key}' in shard ")
+        assert "b-t07.tar" in t07[0]["error"] and "not contiguous" in t07[0]["error"]
+    # T09: the truncated and the empty jpg are error rows, the good two are ok
+    t09 = {v["key"]: v for v in rows.values() if "c-t09.tar#" in v["source_uri"]}
+    assert {k: (v["status"], (v["error"] or "").split(":")[0]) for k, v in t09.items()} == {
+        "000000062554": ("ok", ""), "000000099053": ("error", "truncated"),
+        "000000126107": ("error", "empty_file"), "000000160012": ("ok", "")}
+    # truncated shard: the samples before the cut are kept + one shard-level error row
+    trunc = [v for v in rows.values() if "d-truncated.tar" in v["source_uri"]]
+    shard_rows = [v for v in trunc if v["key"] == "d-truncated#shard"]
+    assert len(shard_rows) == 1 and shard_rows[0]["error"].startswith("truncated_shard: ")
+    kept = [v for v in trunc if v["status"] == "ok"]
+    assert 0 < len(kept) < 4 and all(v["key"] in {p["file"][:-4] for p in photos[6:]} for v in kept)
+    # WebDataset output: shards named by the markers, readable by the webdataset library
+    shards = [out / f for m in markers.values() for f in m["files"] if f.startswith("wds/")]
+    assert shards and all(s.exists() for s in shards)
+    samples = list(wds.WebDataset([str(s) for s in sorted(shards)], shardshuffle=False,
+                                  empty_check=False))
+    ok = [v for v in rows.values() if v["status"] == "ok"]
+    assert sorted(s["__key__"] for s in samples) == sorted(v["key"] for v in ok)
+    for s in samples:
+        meta = json.loads(s["json"])
+        row = rows[meta["source_uri"]]
+        assert meta["key"] == s["__key__"] and meta["status"] == "ok"
+        assert s["jpg"] == row["image"] and s["txt"].decode() == row["caption"]
+    for m in markers.values():
+        for f in m["files"]:
+            assert hashlib.sha256((out / f).read_bytes()).hexdigest() == m["sha256"][f]
+    # resume: lose one partition; the rerun runs only it and the output is the same
+    attempts = {p: m["attempt_id"] for p, m in markers.items()}
+    _lose(out, "p-000001")
+    again = run_job(spec)
+    assert again.complete and again.partitions_committed == ["p-000001"]
+    after = {p: m["attempt_id"] for p, m in _accounting(out).items()}
+    assert after.keys() == attempts.keys() and after["p-000001"] != attempts["p-000001"]
+    assert {p: a for p, a in after.items() if p != "p-000001"} == {
+        p: a for p, a in attempts.items() if p != "p-000001"}
+    again_rows = _rows(out)
+    assert {k: (v["status"], v["sha256"], v["image"]) for k, v in again_rows.items()} == {
+        k: (v["status"], v["sha256"], v["image"]) for k, v in rows.items()}
+
+
+def test_corrupt_manifests_fail_their_partitions_and_the_job_goes_on(ray_local, tmp_path):
+    src = tmp_path / "manifests"
+    src.mkdir()
+    shutil.copy(CASES / "T11_shard/laion_sample_1000_truncated.parquet", src / "a_t11.parquet")
+    rows = [{"path": str(PHOTOS / r["file"]), "caption": r["captions"][0], "key": r["key"]}
+            for r in coco_captions()[:6]]
+    pq.write_table(pa.Table.from_pylist(rows), src / "b_good.parquet")
+    shutil.copy(CASES / "T12_shard/url_list_named.parquet", src / "c_t12.parquet")
+    out = tmp_path / "out"
+    report = run_job(_spec(src, out, source={"kind": "manifest", "key_column": "key",
+                                             "partition_size": 3}))
+    assert not report.complete and report.partitions_total == 4
+    assert sorted(report.partitions_failed) == ["p-000000", "p-000003"]
+    failures = CheckpointStore(str(out)).failures()
+    assert "a_t11.parquet" in failures["p-000000"]["error"]
+    assert "c_t12.parquet" in failures["p-000003"]["error"]
+    assert len(failures["p-000000"]["attempts"]) == 2
+    markers = _accounting(out)
+    assert sorted(markers) == ["p-000001", "p-000002"]
+    got = {v["key"]: v for v in _rows(out).values()}
+    assert sorted(got) == sorted(r["key"] for r in rows)
+    assert all(v["status"] == "ok" for v in got.values())
