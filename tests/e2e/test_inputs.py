@@ -160,3 +160,58 @@ def test_corrupt_manifests_fail_their_partitions_and_the_job_goes_on(ray_local, 
     got = {v["key"]: v for v in _rows(out).values()}
     assert sorted(got) == sorted(r["key"] for r in rows)
     assert all(v["status"] == "ok" for v in got.values())
+
+
+def test_url_manifest_downloads_with_faults_and_resumes(ray_local, tmp_path):
+    """An img2dataset-style Parquet manifest (url, caption) served by a local HTTP server
+    that injects 404, 500, flaky 503s, slow responses, truncated bodies, HTML pages and
+    X-Robots-Tag opt-outs; every row gets the status its URL deserves."""
+    from tests.http_server import FaultHTTPServer
+
+    photos = coco_captions()[:12]
+    routes = ["ok", "ok", "status/404", "status/500", "flaky/1", "slow/3", "truncated",
+              "html", "robots/noai", "robots/otherbot%3A%20noai", "redirect", "ok"]
+    expect = ["ok", "ok", "failed_to_download", "failed_to_download", "ok",
+              "failed_to_download", "failed_to_download", "not_an_image", "failed_to_download",
+              "ok", "ok", "ok"]
+    with FaultHTTPServer() as server:
+        urls = [server.url(route, r["file"]) for route, r in zip(routes, photos)]
+        table = pa.table({"url": urls, "caption": [r["captions"][0] for r in photos]})
+        (tmp_path / "m").mkdir()
+        pq.write_table(table, tmp_path / "m" / "urls.parquet")
+        out = tmp_path / "out"
+        spec = _spec(tmp_path / "m", out, source={"kind": "manifest", "partition_size": 6},
+                     download={"timeout_s": 1.0, "retries": 2, "backoff_s": 0.01,
+                               "max_per_host": 2, "threads": 4},
+                     dedup={"exact": False, "near": False})
+        report = run_job(spec)
+        assert report.complete and report.partitions_total == 2
+        markers = _accounting(out)
+        rows = {v["key"]: v for v in _rows(out).values()}
+        assert sorted(rows) == [f"urls/{i:09d}" for i in range(12)]
+        for i, (route, want) in enumerate(zip(routes, expect)):
+            row = rows[f"urls/{i:09d}"]
+            got = row["status"] if row["status"] == "ok" else row["error"].split(":")[0]
+            assert got == want, (route, row["error"])
+            assert row["source_uri"] == urls[i]
+            if want == "ok":
+                data = (PHOTOS / photos[i]["file"]).read_bytes()
+                assert row["sha256"] == hashlib.sha256(data).hexdigest()
+                assert row["caption"] == photos[i]["captions"][0]
+        assert "HTTP 404" in rows["urls/000000002"]["error"]
+        assert "HTTP 500" in rows["urls/000000003"]["error"]
+        assert "timeout" in rows["urls/000000005"]["error"]
+        assert "truncated body" in rows["urls/000000006"]["error"]
+        assert "X-Robots-Tag: noai" in rows["urls/000000008"]["error"]
+        assert server.counts[f"/status/500/{photos[3]['file']}"] == 3        # 1 + 2 retries
+        assert server.counts[f"/status/404/{photos[2]['file']}"] == 1        # no retry on 4xx
+        assert set(server.user_agents) == {spec.download.user_agent}
+        # resume: lose a partition; only it is downloaded again
+        before = dict(server.counts)
+        _lose(out, "p-000000")
+        again = run_job(spec)
+        assert again.complete and again.partitions_committed == ["p-000000"]
+        assert {p: m["attempt_id"] for p, m in _accounting(out).items()}["p-000001"] == \
+            markers["p-000001"]["attempt_id"]
+        refetched = {p for p in server.counts if server.counts[p] != before.get(p, 0)}
+        assert refetched and all(any(u.endswith(p) for u in urls[:6]) for p in refetched)

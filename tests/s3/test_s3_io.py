@@ -150,3 +150,39 @@ def test_commit_race_and_zombie_attempt_on_s3(s3_server, s3_env, mixed_input, ca
     status = json.loads(capsys.readouterr().out)
     assert (status["partitions_planned"], status["partitions_committed"],
             status["partitions_pending"]) == (2, 1, 1)
+
+
+def test_videos_from_s3_are_staged_one_batch_at_a_time_and_deleted(s3_server, s3_env, tmp_path):
+    """media: video from s3:// - each video is streamed to a temporary file in
+    video.temp_dir for its batch, decoded from there, and deleted when the next batch is
+    requested; at most one batch of videos is on disk."""
+    from pipeline.records import SOURCE_PATH
+    from pipeline.steps.video import decode_video
+
+    client = s3_server.client()
+    names = ["chaplin.mp4", "nasa_13013.mp4", "big_buck_bunny_432_433.webm"]
+    for name in names:
+        client.upload_file(str(PHOTOS.parent / "videos" / name), s3_env, f"videos/{name}")
+    temp = tmp_path / "stage"
+    temp.mkdir()
+    spec = JobSpec.model_validate({
+        "source": {"kind": "files", "media": "video", "uri": f"s3://{s3_env}/videos"},
+        "sink": {"uri": str(tmp_path / "out")}, "video": {"temp_dir": str(temp)}})
+    src = make_datasource(spec.source, spec.decode, spec.download, spec.video)
+    part = next(planning.pack(src.list_inputs(), 10))
+    seen = []
+    with ThreadPoolExecutor(2) as pool:
+        for batch in src.read_batches(part, 2, pool):
+            staged = sorted(temp.iterdir())
+            assert len(staged) == len(batch["key"])             # this batch only
+            for key, path in zip(batch["key"], batch[SOURCE_PATH]):
+                assert path.startswith(str(temp))
+                info = decode_video(path, spec.video)
+                local = decode_video(str(PHOTOS.parent / "videos" / next(
+                    n for n in names if n.startswith(key))), spec.video)
+                assert (info.frame_count, info.timestamps_s) == (local.frame_count,
+                                                                 local.timestamps_s)
+                seen.append(key)
+            assert batch["_source_bytes"] == [None] * len(batch["key"])
+    assert sorted(seen) == sorted(n.rsplit(".", 1)[0] for n in names)
+    assert list(temp.iterdir()) == []                           # all deleted
