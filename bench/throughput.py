@@ -486,6 +486,7 @@ def variant_b(spec, cores: int) -> dict[str, Any]:
     from pipeline.io.plan import pack
     from pipeline.io.sources import make_datasource
     from pipeline.models.text import TextEmbedder
+    from pipeline.runtime.model_steps import text_task
     from pipeline.runtime.partition import (LocalEmbedClient, build_steps, new_attempt_id,
                                             process_partition)
     from pipeline.spec import fingerprint
@@ -501,7 +502,8 @@ def variant_b(spec, cores: int) -> dict[str, Any]:
     t = time.perf_counter()
     embedder = TextEmbedder(spec.text_embedding.model)
     acc["model load"] += time.perf_counter() - t
-    client = _TimedEmbed(LocalEmbedClient(embedder), acc)
+    tasks = [text_task(_TimedEmbed(LocalEmbedClient(embedder), acc), embedder.dim,
+                       spec.text_embedding.max_in_flight)]
     fp = fingerprint(spec)
     rows: collections.Counter = collections.Counter()
     reasons: collections.Counter = collections.Counter()
@@ -509,7 +511,7 @@ def variant_b(spec, cores: int) -> dict[str, Any]:
     t_parts = time.perf_counter()
     for part in partitions:
         out = process_partition(part, new_attempt_id(), spec, fp, _TimedSource(source, acc),
-                                timed, client, pool, embedder.dim)
+                                timed, tasks, pool)
         assert out["committed"], out
         rows.update(out["rows_by_status"])
         reasons.update(out["rows_by_reason"])

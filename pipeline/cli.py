@@ -84,7 +84,7 @@ def cmd_gc(args) -> int:
     from pipeline.io import fs
     from pipeline.io.checkpoint import unreferenced_files
 
-    garbage = unreferenced_files(args.output)
+    garbage = unreferenced_files(args.output, args.min_age_s)
     for uri in garbage:
         print(f"{'would delete' if args.dry_run else 'delete'} {uri}")
         if not args.dry_run:
@@ -163,10 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="committed/pending partitions of an output, from markers")
     p.add_argument("output", help="output location (sink.uri)")
     p.set_defaults(func=cmd_status)
-    p = sub.add_parser("gc", help="delete output files no commit marker names (run when no job "
-                       "is writing to OUTPUT)")
+    p = sub.add_parser("gc", help="delete output files no commit marker names (failed, lost "
+                       "and zombie attempts)")
     p.add_argument("output", help="output location (sink.uri)")
     p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    p.add_argument("--min-age-s", type=float, default=3600.0,
+                   help="only delete files last modified at least this many seconds ago, so "
+                   "a running job's in-flight attempts are spared (default 3600; 0 when no "
+                   "job writes to OUTPUT)")
     p.set_defaults(func=cmd_gc)
     _job_commands(sub)
     return parser

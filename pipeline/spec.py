@@ -136,6 +136,10 @@ class DownloadSpec(_Strict):
 
     timeout_s: float = Field(10.0, gt=0, description="Connect and read timeout per request "
                              "(seconds).")
+    max_time_s: float = Field(60.0, gt=0, description="Most seconds one download may take "
+                              "from the request to the last body byte, so a server trickling "
+                              "bytes cannot hold a thread (checked between reads: the bound is "
+                              "max_time_s + timeout_s).")
     retries: int = Field(2, ge=0, le=10, description="Retries after a connection error, a "
                          "timeout, HTTP 429 or 5xx (exponential backoff with jitter).")
     backoff_s: float = Field(0.5, ge=0, description="First retry delay (seconds); doubles.")

@@ -9,6 +9,7 @@
 - ``/flaky/<n>/<name>``: the first ``n`` requests for this path answer 503, then the file.
 - ``/slow/<seconds>/<name>``: sleep that long, then the file.
 - ``/slowbody/<seconds>/<name>``: headers and half the file at once, the rest after the sleep.
+- ``/trickle/<seconds>/<name>``: the file in 20 pieces spread over that many seconds.
 - ``/truncated/<name>``: ``Content-Length`` of the whole file, half the bytes, then close.
 - ``/html/<name>``: 200, an HTML error page with ``Content-Type: image/jpeg``.
 - ``/robots/<directive>/<name>``: the file with ``X-Robots-Tag: <directive>`` (URL-decoded,
@@ -122,6 +123,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(float(args[0]))
             self.wfile.write(data[half:])
+            owner._sent(path, len(data))
+        elif kind == "trickle" and len(args) == 2:  # the body in 20 pieces over <seconds>
+            self.send_response(200)
+            self.send_header("Content-Type", "image/jpeg")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            step = -(-len(data) // 20)
+            try:
+                for i in range(0, len(data), step):
+                    self.wfile.write(data[i:i + step])
+                    self.wfile.flush()
+                    time.sleep(float(args[0]) / 20)
+            except OSError:  # the client gave up
+                return
             owner._sent(path, len(data))
         elif kind == "truncated" and len(args) == 1:
             half = len(data) // 2

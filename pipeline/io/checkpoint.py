@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+import time
 from typing import Any
 
 from pipeline.errors import CommitError
@@ -98,14 +99,18 @@ class CheckpointStore:
                        json.dumps(report, indent=1, sort_keys=True).encode())
 
 
-def unreferenced_files(output_uri: str) -> list[str]:
-    """URIs under ``data/``, ``quarantine/`` and ``wds/`` that no commit marker names: the files of
-    failed, lost or zombie attempts. Run ``gc`` only while no job writes to the output."""
+def unreferenced_files(output_uri: str, min_age_s: float = 0.0) -> list[str]:
+    """URIs under ``data/``, ``quarantine/`` and ``wds/`` that no commit marker names: the
+    files of failed, lost or zombie attempts - and of attempts still running, so only
+    files last modified at least ``min_age_s`` seconds ago are returned (a file without
+    a modification time counts as old)."""
     named = {fs.join(output_uri, f) for m in CheckpointStore(output_uri).markers().values()
              for f in m.get("files", [])}
+    cutoff = time.time() - min_age_s
     out = []
     for top in ("data", "quarantine", "wds"):
-        out += [e.uri for e in fs.list_files(fs.join(output_uri, top)) if e.uri not in named]
+        out += [e.uri for e in fs.list_files(fs.join(output_uri, top))
+                if e.uri not in named and (e.mtime_s is None or e.mtime_s <= cutoff)]
     return out
 
 

@@ -26,10 +26,12 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class FileEntry:
-    """A listed file: full ``uri`` and ``size_bytes``."""
+    """A listed file: full ``uri``, ``size_bytes`` and ``mtime_s`` (last modified,
+    seconds since the epoch; None if the store does not say)."""
 
     uri: str
     size_bytes: int
+    mtime_s: float | None = None
 
 
 def configure(endpoint_url: str | None = None, region: str | None = None,
@@ -166,15 +168,15 @@ def list_files(uri: str) -> Iterator[FileEntry]:
         token = None
         while True:
             page, token = with_retries(uri, "list", lambda t=token: s3.list_page(uri, t))
-            for item_uri, size in page:
-                yield FileEntry(item_uri, size)
+            for item_uri, size, mtime in page:
+                yield FileEntry(item_uri, size, mtime)
             if token is None:
                 return
     fsys, path = resolve(uri)
     selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
     infos = with_retries(uri, "list", lambda: fsys.get_file_info(selector))
     for info in sorted((i for i in infos if i.type == pafs.FileType.File), key=lambda i: i.path):
-        yield FileEntry(info.path, info.size)
+        yield FileEntry(info.path, info.size, info.mtime.timestamp() if info.mtime else None)
 
 
 def file_size(uri: str) -> int | None:

@@ -27,6 +27,7 @@ import http.cookiejar
 import random
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 from urllib.parse import urlsplit
@@ -228,6 +229,7 @@ class HttpFetcher:
     def _fetch(self, url: str) -> tuple[bytes | None, str | None]:
         self._count("requests")
         timeout = (self.spec.timeout_s, self.spec.timeout_s)
+        deadline = time.monotonic() + self.spec.max_time_s
         resp = self._session.get(url, timeout=timeout, stream=True, allow_redirects=True)
         try:
             for r in resp.history:  # redirects followed by requests: one attempt each
@@ -249,6 +251,9 @@ class HttpFetcher:
             try:
                 for chunk in resp.iter_content(CHUNK_BYTES):
                     body += chunk
+                    if time.monotonic() > deadline:
+                        return self._fail("timeout", url, f"download took longer than "
+                                          f"max_time_s {self.spec.max_time_s} s")
                     if len(body) > self.max_bytes:
                         return self._too_large(f"more than {self.max_bytes} bytes "
                                                f"> max_bytes {self.max_bytes}")

@@ -43,48 +43,106 @@ def list_manifests(uri: str, declared: str) -> list[tuple[str, int]]:
     return found
 
 
-def _read_table(uri: str, fmt: str, string_columns: tuple[str, ...] = ()) -> pa.Table:
+def _open_batches(uri: str, fmt: str, string_columns: tuple[str, ...] = ()):
+    """A streaming reader (``.schema``, iterable of record batches) over a CSV or JSONL
+    manifest, and the stream to close. Types are inferred from the first block, as
+    ``pyarrow.csv.read_csv`` does; CSV columns in ``string_columns`` are strings (keys like
+    000123 must not become ints)."""
+    fsys, path = fs.resolve(uri)
+    stream = fsys.open_input_stream(path)
     try:
-        data = pa.BufferReader(fs.read_bytes(uri))
-        if fmt == "parquet":
-            return pq.read_table(data)
-        if fmt == "csv":  # keys like 000123 must stay strings, not be inferred as ints
+        if fmt == "csv":
             types = {c: pa.string() for c in string_columns if c}
-            return pacsv.read_csv(data, convert_options=pacsv.ConvertOptions(column_types=types))
-        return pajson.read_json(data)
+            return pacsv.open_csv(stream, convert_options=pacsv.ConvertOptions(
+                column_types=types)), stream
+        return pajson.open_json(stream), stream
+    except BaseException:
+        stream.close()
+        raise
+
+
+def _scan(uri: str, fmt: str, string_columns: tuple[str, ...], start: int, stop: int | None
+          ) -> tuple[pa.Schema, list[pa.RecordBatch], int]:
+    """Stream a CSV/JSONL manifest: its schema, the batches of rows ``[start, stop)``
+    (``stop=None``: none kept, just count), and the rows seen (all of them if
+    ``stop`` is None). Memory: one block plus the kept rows."""
+    reader, stream = _open_batches(uri, fmt, string_columns)
+    kept, offset = [], 0
+    try:
+        for batch in reader:
+            n = batch.num_rows
+            if stop is not None and offset + n > start and offset < stop:
+                lo = max(0, start - offset)
+                kept.append(batch.slice(lo, min(n, stop - offset) - lo))
+            offset += n
+            if stop is not None and offset >= stop:
+                break
+        return reader.schema, kept, offset
+    finally:
+        stream.close()
+
+
+def _guard(uri: str, fmt: str, what: str, fn):
+    """Run ``fn`` with retries; an unreadable file raises ``PartitionError`` naming it."""
+    try:
+        return fs.with_retries(uri, what, fn)
     except (pa.ArrowException, OSError) as e:
         raise PartitionError(f"manifest {uri}: cannot read as {fmt}: {e}") from e
 
 
 def count_rows(uri: str, declared: str) -> int:
-    """Rows in a manifest (Parquet: from the footer). Raises ``PlanError`` naming the file."""
+    """Rows in a manifest (Parquet: from the footer; CSV/JSONL: one streaming pass).
+    Raises ``PlanError`` naming the file."""
     fmt = manifest_format(uri, declared)
     try:
         if fmt == "parquet":
             fsys, path = fs.resolve(uri)
-            return fs.with_retries(uri, "read footer",
-                                   lambda: pq.read_metadata(path, filesystem=fsys).num_rows)
-        return _read_table(uri, fmt).num_rows
-    except (pa.ArrowException, OSError, PartitionError) as e:
-        raise PlanError(f"manifest {uri}: cannot count rows: {e}") from e
+            return _guard(uri, fmt, "read footer",
+                          lambda: pq.read_metadata(path, filesystem=fsys).num_rows)
+        return _guard(uri, fmt, "count rows", lambda: _scan(uri, fmt, (), 0, None)[2])
+    except PartitionError as e:
+        raise PlanError(str(e)) from e
 
 
 def read_schema(uri: str, declared: str, string_columns: tuple[str, ...] = ()) -> pa.Schema:
-    """The manifest's Arrow schema. Raises ``PartitionError`` naming the file."""
+    """The manifest's Arrow schema (Parquet: the footer; CSV/JSONL: the first block).
+    Raises ``PartitionError`` naming the file."""
     fmt = manifest_format(uri, declared)
     if fmt == "parquet":
         fsys, path = fs.resolve(uri)
-        try:
-            return fs.with_retries(uri, "read schema",
-                                   lambda: pq.read_schema(path, filesystem=fsys))
-        except (pa.ArrowException, OSError) as e:
-            raise PartitionError(f"manifest {uri}: cannot read schema: {e}") from e
-    return _read_table(uri, fmt, string_columns).schema
+        return _guard(uri, fmt, "read schema", lambda: pq.read_schema(path, filesystem=fsys))
+
+    def first_block() -> pa.Schema:
+        reader, stream = _open_batches(uri, fmt, string_columns)
+        stream.close()
+        return reader.schema
+    return _guard(uri, fmt, "read schema", first_block)
 
 
 def read_rows(uri: str, declared: str, start: int, stop: int,
               string_columns: tuple[str, ...] = ()) -> pa.Table:
     """Rows ``[start, stop)`` of a manifest; CSV columns in ``string_columns`` are read as
-    strings. Raises ``PartitionError`` naming the file."""
-    table = _read_table(uri, manifest_format(uri, declared), string_columns)
-    return table.slice(start, stop - start)
+    strings. Parquet reads only the row groups that overlap the range; CSV/JSONL stream
+    up to ``stop`` and keep only the range. Raises ``PartitionError`` naming the file."""
+    fmt = manifest_format(uri, declared)
+    if fmt == "parquet":
+        fsys, path = fs.resolve(uri)
+
+        def read() -> pa.Table:
+            with fsys.open_input_file(path) as f:
+                pf = pq.ParquetFile(f)
+                groups, offset, first = [], 0, 0
+                for g in range(pf.num_row_groups):
+                    n = pf.metadata.row_group(g).num_rows
+                    if offset + n > start and offset < stop:
+                        first = offset if not groups else first
+                        groups.append(g)
+                    offset += n
+                table = pf.read_row_groups(groups) if groups else pf.schema_arrow.empty_table()
+                return table.slice(start - first, stop - start)
+        return _guard(uri, fmt, "read rows", read)
+
+    def scan() -> pa.Table:
+        schema, kept, _ = _scan(uri, fmt, string_columns, start, stop)
+        return pa.Table.from_batches(kept, schema=schema)
+    return _guard(uri, fmt, "read rows", scan)

@@ -116,17 +116,18 @@ def put_if_absent(uri: str, data: bytes) -> bool:
         raise
 
 
-def list_page(uri: str, token: str | None) -> tuple[list[tuple[str, int]], str | None]:
+def list_page(uri: str, token: str | None) -> tuple[list[tuple[str, int, float]], str | None]:
     """One page (up to 1000 keys, in key order) of the objects under the prefix ``uri``:
-    ``([(uri, size_bytes), ...], continuation token or None at the end)``."""
+    ``([(uri, size_bytes, mtime_s), ...], continuation token or None at the end)``;
+    ``mtime_s`` is LastModified in seconds since the epoch."""
     bucket, key = split(uri)
     prefix = key.rstrip("/") + "/" if key else ""
     kwargs = {"Bucket": bucket, "Prefix": prefix}
     if token:
         kwargs["ContinuationToken"] = token
     page = client().list_objects_v2(**kwargs)
-    items = [(f"{SCHEME}{bucket}/{o['Key']}", int(o["Size"])) for o in page.get("Contents", [])
-             if not o["Key"].endswith("/")]
+    items = [(f"{SCHEME}{bucket}/{o['Key']}", int(o["Size"]), o["LastModified"].timestamp())
+             for o in page.get("Contents", []) if not o["Key"].endswith("/")]
     return items, page.get("NextContinuationToken") if page.get("IsTruncated") else None
 
 

@@ -311,8 +311,11 @@ class ManifestDatasource(Datasource):
 class WebDatasetDatasource(Datasource):
     """WebDataset ``.tar`` shards: the shard file ``uri`` or the shards under it; a
     partition is ``shards_per_partition`` whole shards. Per sample, the first member whose
-    extension is a media extension is the media, ``txt`` (or ``json[caption_column]``)
-    the caption, the rest of ``json`` goes to ``metadata_json``. Bad samples and
+    extension is a media extension is the media, ``txt`` the caption (else
+    ``json[caption_column]``), the rest of ``json`` goes to ``metadata_json``. ``key`` is
+    the sample's key in its shard (WebDataset's ``__key__``; unique across shards only if
+    the shards' keys are, as img2dataset writes them); ``source_uri`` is
+    ``<shard>#<key>.<ext>``. Bad samples and
     truncated shards become error rows (``pipeline.io.webdataset.read_shard``)."""
 
     def list_inputs(self) -> Iterator[InputItem]:
@@ -358,7 +361,7 @@ class WebDatasetDatasource(Datasource):
                 obj = json.loads(sample.members["json"])
                 if isinstance(obj, dict):
                     found = obj.pop(self.spec.caption_column, None)
-                    caption = caption if found is None else found
+                    caption = found if caption is None else caption  # txt first, as sidecars
                     meta = json.dumps(obj, sort_keys=True, ensure_ascii=False)
             except ValueError as e:
                 error = error or (f"{ErrorReason.BAD_SAMPLE.value}: key {sample.key!r} in "

@@ -237,21 +237,17 @@ def _ready(client, handle) -> bool:
 
 
 def text_task(client, embedding_dim: int, max_in_flight: int) -> ModelTask:
-    """The caption embedder as a task, for callers that pass a single client (the original
-    ``embed_client`` API of ``process_partition``)."""
+    """A caption embedder as a task, for in-process callers (plain loops, tests): ``client``
+    has ``submit({"text": [...]})`` and ``result(handle) -> {"text_embedding": (n, D)}``."""
     info = ModelInfo("sentence-transformers",
                      (OutputField(TEXT_EMBEDDING, "vector", embedding_dim),), text="required")
     return ModelTask("text_embedding", client, info, max_in_flight)
 
 
-def as_model_plan(spec: JobSpec, models: Any, embedding_dim: int | None) -> ModelPlan:
-    """``models``: None, a ``ModelPlan``, a list of ``ModelTask``, or one caption-embedding
-    client (``submit(inputs)``/``result(handle)``, e.g. ``LocalEmbedClient``)."""
+def as_model_plan(spec: JobSpec, models: Any) -> ModelPlan:
+    """``models``: None (no model step), a ``ModelPlan``, or a list of ``ModelTask``."""
     if models is None:
         return ModelPlan([[]], [[]])
     if isinstance(models, ModelPlan):
         return models
-    if isinstance(models, (list, tuple)):
-        return ModelPlan.build(spec, list(models))
-    return ModelPlan.build(spec, [text_task(models, embedding_dim or 0,
-                                            spec.text_embedding.max_in_flight)])
+    return ModelPlan.build(spec, list(models))

@@ -96,21 +96,21 @@ def _start_batch(batch: Batch, partition_id: str) -> Batch:
 
 def process_partition(partition: Partition, attempt_id: str, spec: JobSpec, fingerprint: str,
                       source: Datasource, steps: list[Step], models: Any | None,
-                      pool: ThreadPoolExecutor, embedding_dim: int | None = None,
+                      pool: ThreadPoolExecutor,
                       ran_on: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one attempt of ``partition``; return its outcome (the marker, plus ``committed``).
 
     ``ran_on`` (e.g. worker name and Ray node id) is recorded in the marker as ``ran_on``.
 
-    ``models``: None, a ``ModelPlan``, a list of ``ModelTask``, or a single caption
-    embedding client (then ``embedding_dim`` gives its width); see ``model_steps``.
+    ``models``: None, a ``ModelPlan`` or a list of ``ModelTask`` (``model_steps``; in
+    process: ``[text_task(LocalEmbedClient(embedder), dim, k)]``).
     Raises whatever the datasource, a model or the sink raises (the caller retries the
     partition); this attempt's files are deleted first.
     """
     started = time.time()
     throttled_before, retried_before = retry.POLICY.throttled_requests, retry.POLICY.retried_requests
     pid = partition.partition_id
-    plan = as_model_plan(spec, models, embedding_dim)
+    plan = as_model_plan(spec, models)
     schema = output_schema(source.extra_fields(partition), None,
                            [f.arrow() for f in plan.fields], spec.source.media)
     sink = ParquetDatasink(spec.sink.uri, pid, attempt_id, spec.sink, schema,

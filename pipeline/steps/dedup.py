@@ -4,8 +4,10 @@ Exact: a row whose source ``sha256`` equals an earlier kept row's. Near: a row w
 64-bit ``phash`` is within ``max_hamming_distance`` bits of an earlier kept row's.
 Duplicates get ``status="rejected"``, ``reject_reason="duplicate"``, ``duplicate_of``
 (the kept row's key) and ``duplicate_hamming`` (bits; 0 for an exact byte match).
-The first occurrence in partition order is kept. Memory: 8 bytes per kept pHash plus
-one dict entry per kept sha256, for the partition only.
+The first occurrence in partition order is kept. Memory: 8 bytes per kept pHash (an
+array grown by doubling, so keeping n hashes costs O(n)) plus one dict entry per kept
+sha256, for the partition only; a near lookup is one vectorised XOR + popcount over the
+kept hashes.
 """
 
 from __future__ import annotations
@@ -26,13 +28,21 @@ class DedupStep(Step):
 
     def start_partition(self, partition_id: str) -> None:
         self._sha: dict[str, str] = {}
-        self._hashes = np.zeros(0, dtype=np.uint64)
+        self._hashes = np.zeros(64, dtype=np.uint64)  # kept pHashes in [:n], grown by doubling
+        self._n = 0
         self._keys: list[str] = []
 
+    def _keep(self, phash: int, key: str) -> None:
+        if self._n == self._hashes.size:
+            self._hashes = np.concatenate([self._hashes, np.zeros_like(self._hashes)])
+        self._hashes[self._n] = np.uint64(phash)
+        self._n += 1
+        self._keys.append(key)
+
     def _near(self, phash: int) -> tuple[str, int] | None:
-        if not self.spec.near or self._hashes.size == 0:
+        if not self.spec.near or self._n == 0:
             return None
-        dist = np.bitwise_count(self._hashes ^ np.uint64(phash))
+        dist = np.bitwise_count(self._hashes[:self._n] ^ np.uint64(phash))
         j = int(np.argmin(dist))
         return (self._keys[j], int(dist[j])) if dist[j] <= self.spec.max_hamming_distance else None
 
@@ -54,6 +64,5 @@ class DedupStep(Step):
                 continue
             self._sha.setdefault(sha, key)
             if ph is not None:
-                self._hashes = np.append(self._hashes, np.uint64(ph))
-                self._keys.append(key)
+                self._keep(ph, key)
         return batch

@@ -64,3 +64,19 @@ def rows_by_key(out: str) -> dict[str, dict]:
 
 COMPARED = ("status", "reject_reason", "sha256", "phash", "caption", "width", "height",
             "image_width", "image_height", "partition_id", "image")
+
+
+def assert_same_output(got_root: str, want_root: str, rows: int = 57,
+                       embeddings: bool = True) -> None:
+    """The committed output under ``got_root`` equals a clean run's under ``want_root``:
+    the same keys (``rows`` of them), every ``COMPARED`` column, and (``embeddings``)
+    ``text_embedding`` within 1e-5."""
+    import numpy as np
+
+    got, want = rows_by_key(got_root), rows_by_key(want_root)
+    assert sorted(got) == sorted(want) and len(got) == rows
+    for key, w in want.items():
+        for col in COMPARED:
+            assert got[key][col] == w[col], (key, col)
+        if embeddings:
+            np.testing.assert_allclose(got[key]["text_embedding"], w["text_embedding"], atol=1e-5)

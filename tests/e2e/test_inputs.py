@@ -15,11 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import webdataset as wds
 
-from pipeline.io import fs
 from pipeline.io.checkpoint import CheckpointStore
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec
-from tests.conftest import CASES, PHOTOS, coco_captions
+from tests.conftest import CASES, DATA, PHOTOS, coco_captions
 from pipeline.io.checkpoint import committed_files
 
 
@@ -215,3 +214,61 @@ def test_url_manifest_downloads_with_faults_and_resumes(ray_local, tmp_path):
             markers["p-000001"]["attempt_id"]
         refetched = {p for p in server.counts if server.counts[p] != before.get(p, 0)}
         assert refetched and all(any(u.endswith(p) for u in urls[:6]) for p in refetched)
+
+
+def test_video_job_rows_errors_and_resume(ray_local, tmp_path):
+    """The bundled videos and every V* case through a job without models: one row per
+    video with measured duration/fps/frame count, error rows for the broken containers, a
+    partial row for V10; a lost partition is the only one rerun, with the same output."""
+    src = tmp_path / "videos"
+    src.mkdir()
+    for f in (DATA / "videos").iterdir():
+        shutil.copy(f, src / f.name)
+    for case in ("V01_vfr/var_fps_video.mp4", "V03_vrot/video_rotation_90.mp4",
+                 "V04_vrot/video_90.mov", "V06_v0/zero_empty_stsc.mp4",
+                 "V08_vcorrupt/result_0byte.webm", "V09_vcorrupt/chunk_out_of_range.mp4",
+                 "V10_vcorrupt/corrupted.mp4"):
+        shutil.copy(CASES / case, src / case.split("/")[1])
+    out = tmp_path / "out"
+    spec = _spec(src, out, source={"kind": "files", "media": "video", "partition_size": 4},
+                 video={"sampling": "fps", "fps": 2.0}, runtime={"batch_size": 2},
+                 dedup={"exact": True, "near": False})
+    report = run_job(spec)
+    assert report.complete and report.partitions_total == 3
+    markers = _accounting(out)
+    rows = {v["key"]: v for v in _rows(out).values()}
+    assert len(rows) == 10
+    want = {  # key: (status, error reason, frame_count, width, height, rotation, partial)
+        "big_buck_bunny_432_433": ("ok", None, 24, 1280, 720, 0, False),
+        "chaplin": ("ok", None, 241, 640, 360, 0, False),
+        "nasa_13013": ("ok", None, 390, 480, 270, 0, False),
+        "var_fps_video": ("ok", None, 300, 128, 128, 0, False),
+        "video_rotation_90": ("ok", None, 1, 60, 100, 90, False),
+        "video_90": ("ok", None, 3, 320, 568, 90, False),
+        "corrupted": ("ok", None, 49, 1280, 720, 0, True),
+        "zero_empty_stsc": ("error", "no_frames", None, None, None, None, None),
+        "result_0byte": ("error", "empty_file", None, None, None, None, None),
+        "chunk_out_of_range": ("error", "corrupt_container", None, None, None, None, None)}
+    for key, w in want.items():
+        r = rows[key]
+        reason = r["error"].split(":")[0] if r["error"] else None
+        got = (r["status"], reason, r["frame_count"], r["width"], r["height"],
+               r["rotation_deg"], r["partial"])
+        assert got == w, key
+        if r["status"] == "ok":  # fps sampling: one frame per 0.5 s of presentation time
+            ts = r["frame_timestamps_s"]
+            assert len(ts) == len(r["frames"]) >= 1 and ts == sorted(ts)
+            assert len(ts) <= int(r["duration_s"] * 2) + 1
+            assert r["image"] == r["frames"][len(r["frames"]) // 2]
+            assert r["sha256"] == hashlib.sha256((src / r["source_uri"].rsplit("/", 1)[1])
+                                                 .read_bytes()).hexdigest()
+    attempts = {p: m["attempt_id"] for p, m in markers.items()}
+    _lose(out, "p-000002")
+    again = run_job(spec)
+    assert again.complete and again.partitions_committed == ["p-000002"]
+    after = {p: m["attempt_id"] for p, m in _accounting(out).items()}
+    assert {p: a for p, a in after.items() if p != "p-000002"} == {
+        p: a for p, a in attempts.items() if p != "p-000002"}
+    assert {k: (v["status"], v["frame_timestamps_s"], v["frames"]) for k, v in
+            ((v["key"], v) for v in _rows(out).values())} == {
+        k: (v["status"], v["frame_timestamps_s"], v["frames"]) for k, v in rows.items()}

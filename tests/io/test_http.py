@@ -129,6 +129,21 @@ def test_timeout_mid_body(srv):
     assert srv.counts[f"/slowbody/2/{NAME}"] == 1  # a failed body read is not retried
 
 
+def test_trickling_body_bounded_by_max_time(srv):
+    """Every read returns within timeout_s, but the whole body would take 4 s."""
+    big = "000000216794.jpg"  # 377906 bytes: 20 pieces of ~19 KB, 0.2 s apart
+    f = fetcher(timeout_s=1.0, max_time_s=0.5)
+    t0 = time.monotonic()
+    body, err = f.fetch(srv.url("trickle/4", big))
+    assert body is None
+    assert err == (f"failed_to_download: {srv.url('trickle/4', big)}: "
+                   "download took longer than max_time_s 0.5 s")
+    assert time.monotonic() - t0 < 0.5 + 1.0 + 0.5      # max_time_s + one read + slack
+    ok = fetcher(timeout_s=1.0, max_time_s=10)
+    body, err = ok.fetch(srv.url("trickle/0.4", big))
+    assert err is None and body == open(f"{PHOTOS}/{big}", "rb").read()
+
+
 def test_slow_within_timeout_ok(srv):
     f = fetcher(timeout_s=2.0)
     body, err = f.fetch(srv.url("slow/0.2", NAME))

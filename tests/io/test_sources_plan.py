@@ -159,3 +159,67 @@ def test_manifest_enforces_max_bytes_after_reading(tmp_path):
     batch = next(src.read_batches(next(planning.pack(src.list_inputs(), 10)), 10, POOL))
     assert all(e.startswith("too_large: ") for e in batch["error"])
     assert batch["_source_bytes"] == [None, None]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl"])
+def test_manifest_row_ranges_read_only_what_they_need(tmp_path, fmt):
+    """A range spanning Parquet row groups (or CSV/JSONL blocks) gives exactly its rows."""
+    from pipeline.io import manifest
+
+    rows = [{"path": f"p{i}.jpg", "caption": f"c{i}", "key": f"{i:06d}"} for i in range(50)]
+    path = tmp_path / f"m.{fmt}"
+    table = pa.Table.from_pylist(rows)
+    if fmt == "parquet":
+        pq.write_table(table, path, row_group_size=7)
+    elif fmt == "csv":
+        pacsv.write_csv(table, path)
+    else:
+        path.write_text("\n".join(json.dumps(r) for r in rows))
+    assert manifest.count_rows(str(path), "auto") == 50
+    for start, stop in ((0, 7), (5, 16), (13, 14), (44, 50)):
+        got = manifest.read_rows(str(path), "auto", start, stop, ("key",))
+        assert got.column("key").to_pylist() == [r["key"] for r in rows[start:stop]]
+    if fmt == "parquet":  # the footer says which row groups a range needs
+        assert pq.ParquetFile(path).metadata.num_row_groups == 8
+
+
+def test_webdataset_video_samples_are_staged_per_batch_and_deleted(tmp_path):
+    """Videos inside WebDataset shards: each sample's mp4 member is written to a temporary
+    file for its batch (decodable there) and deleted when the next batch is read."""
+    import io
+    import os
+    import tarfile
+
+    from pipeline.records import SOURCE_PATH
+    from pipeline.spec import VideoSpec
+    from pipeline.steps.video import decode_video
+    from tests.conftest import DATA
+
+    shard = tmp_path / "shards" / "v-000000.tar"
+    shard.parent.mkdir()
+    names = ["chaplin.mp4", "nasa_13013.mp4", "big_buck_bunny_432_433.webm"]
+    with tarfile.open(shard, "w") as tar:
+        for name in names:
+            key, ext = name.rsplit(".", 1)
+            tar.add(DATA / "videos" / name, arcname=f"{key}.{ext}")
+            caption = f"caption of {key}".encode()
+            info = tarfile.TarInfo(f"{key}.txt")
+            info.size = len(caption)
+            tar.addfile(info, io.BytesIO(caption))
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    video = VideoSpec(temp_dir=str(stage), num_frames=3)
+    spec = SourceSpec(kind="webdataset", media="video", uri=str(shard.parent))
+    src = make_datasource(spec, DecodeSpec(), None, video)
+    part = next(planning.pack(src.list_inputs(), 1))
+    keys = []
+    for batch in src.read_batches(part, 2, POOL):
+        assert len(os.listdir(stage)) == len(batch["key"])
+        for key, path, caption in zip(batch["key"], batch[SOURCE_PATH], batch["_raw_caption"]):
+            name = next(n for n in names if n.startswith(key))
+            assert open(path, "rb").read() == (DATA / "videos" / name).read_bytes()
+            assert decode_video(path, video).frame_count == decode_video(
+                str(DATA / "videos" / name), video).frame_count
+            assert caption == f"caption of {key}".encode()
+            keys.append(key)
+    assert keys == [n.rsplit(".", 1)[0] for n in names] and os.listdir(stage) == []

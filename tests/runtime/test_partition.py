@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 from pipeline.io import plan as planning
 from pipeline.io.sources import make_datasource
 from pipeline.models.text import TextEmbedder
+from pipeline.runtime.model_steps import text_task
 from pipeline.runtime.partition import LocalEmbedClient, build_steps, process_partition
 from pipeline.spec import JobSpec, fingerprint
 from tests.conftest import REPO
@@ -45,7 +46,7 @@ def test_model_batches_in_flight_are_bounded_and_row_groups_stream(tmp_path):
     pool = ThreadPoolExecutor(2)
     client = CountingClient(TextEmbedder())
     out = process_partition(part, "cafe", spec, fingerprint(spec), source,
-                            build_steps(spec, pool), client, pool, embedding_dim=384)
+                            build_steps(spec, pool), [text_task(client, 384, 3)], pool)
     assert out["committed"] and out["rows_in"] == 20
     assert client.batches == 10 and client.max_outstanding == 3 and client.outstanding == 0
     meta = pq.ParquetFile(tmp_path / "out" / out["files"][0]).metadata

@@ -111,3 +111,27 @@ def test_decode_step_turns_bad_bytes_into_error_rows():
     assert batch[STATUS] == ["error", "error", "ok"]
     assert batch["error"][0].startswith("empty_file:")
     assert batch["error"][1].startswith("not_an_image:")
+
+
+def test_dedup_table_grows_past_its_first_block_and_resets_per_partition():
+    """300 kept hashes (the table starts at 64 and doubles); a row 2 bits from kept row 250
+    is a near duplicate of exactly that row; the next partition starts empty."""
+    rng = np.random.default_rng(7)
+    hashes = [int(h) for h in rng.integers(0, 2**63, size=300, dtype=np.int64)]
+    near = hashes[250] ^ 0b101
+    n = 301
+    batch = {"key": [f"k{i}" for i in range(n)], "status": ["ok"] * n,
+             "reject_reason": [None] * n, "sha256": [f"s{i}" for i in range(n)],
+             "phash": hashes + [near]}
+    step = DedupStep(DedupSpec(exact=True, near=True, max_hamming_distance=2))
+    step.start_partition("p-000000")
+    out = step(batch)
+    rejected = [i for i in range(n) if out["status"][i] == "rejected"]
+    dists = [bin(hashes[i] ^ hashes[j]).count("1") for i in range(300) for j in range(i)]
+    assert min(dists) > 2                                   # the random hashes are far apart
+    assert rejected == [300]
+    assert (out["duplicate_of"][300], out["duplicate_hamming"][300]) == ("k250", 2)
+    step.start_partition("p-000001")
+    again = step({k: (list(v) if k != "status" else ["ok"] * n) for k, v in batch.items()
+                  if k in ("key", "status", "reject_reason", "sha256", "phash")})
+    assert [i for i in range(n) if again["status"][i] == "rejected"] == [300]
