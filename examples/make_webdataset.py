@@ -1,7 +1,8 @@
 """Build WebDataset shards from the 57 bundled photos, to try WebDataset input:
 
-    .venv/bin/python examples/make_webdataset.py output/wds-photos            # 6 shards
-    .venv/bin/mmpipe run examples/webdataset.yaml --input output/wds-photos --mode overwrite
+    .venv/bin/python examples/make_webdataset.py /tmp/shards            # 6 shards
+    .venv/bin/mmpipe run examples/webdataset.yaml --address local --input /tmp/shards \
+        --output output/webdataset-photos
 
 Each sample is two members, in this order: ``<key>.jpg`` (the photo's bytes as bundled) and
 ``<key>.json`` (``{"caption": <the first of its five COCO captions>, "license": ...,
@@ -88,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             if line.strip()) * args.copies
     size = sum(p.stat().st_size for p in paths)
     print(f"wrote {len(paths)} shards ({n} samples, {size / 2**20:.1f} MiB) to {args.out_dir}")
-    print(f"try: .venv/bin/mmpipe run examples/webdataset.yaml --input {args.out_dir} "
-          "--mode overwrite")
+    print(f"try: .venv/bin/mmpipe run examples/webdataset.yaml --address local "
+          f"--input {args.out_dir} --output output/webdataset-photos")
     return 0
 
 

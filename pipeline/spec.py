@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from pipeline.errors import SpecError
 
@@ -60,11 +61,22 @@ class SourceSpec(_Strict):
     shards_per_partition: int = Field(1, ge=1, description="WebDataset: whole shards per "
                                       "partition (a shard is never split).")
 
+    @field_validator("extensions")
+    @classmethod
+    def _dotted(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        """``mp4``, ``.MP4`` and ``.mp4`` all mean ``.mp4``."""
+        if value is None:
+            return None
+        out = tuple("." + e.strip().lstrip(".").lower() for e in value)
+        if not out or any(e == "." for e in out):
+            raise ValueError("extensions must be non-empty names like .mp4")
+        return out
+
     @property
     def media_extensions(self) -> tuple[str, ...]:
         """``extensions`` in lower case, or the default list for ``media``."""
         if self.extensions is not None:
-            return tuple(e.lower() for e in self.extensions)
+            return self.extensions
         return VIDEO_EXTENSIONS if self.media == "video" else IMAGE_EXTENSIONS
 
 

@@ -65,3 +65,13 @@ def test_cli_validate_exit_codes(tmp_path):
     out = subprocess.run([sys.executable, "-m", "pipeline", "validate", str(QUICKSTART),
                           "--set", "source.kind=ftp"], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2 and "source.kind" in out.stderr and "'ftp'" in out.stderr
+
+
+def test_extensions_are_normalised_to_dotted_lower_case():
+    from pipeline.spec import SourceSpec
+
+    spec = SourceSpec(kind="files", uri="x", extensions=["mp4", ".MOV", " .webm "])
+    assert spec.media_extensions == (".mp4", ".mov", ".webm")
+    assert SourceSpec(kind="files", uri="x", media="video").media_extensions[0] == ".mp4"
+    with pytest.raises(ValueError, match="extensions"):
+        SourceSpec(kind="files", uri="x", extensions=["."])

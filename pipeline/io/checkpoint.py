@@ -104,6 +104,7 @@ def unreferenced_files(output_uri: str, min_age_s: float = 0.0) -> list[str]:
     files of failed, lost or zombie attempts - and of attempts still running, so only
     files last modified at least ``min_age_s`` seconds ago are returned (a file without
     a modification time counts as old)."""
+    output_uri = fs.normalize(output_uri)  # listings give absolute paths: compare like with like
     named = {fs.join(output_uri, f) for m in CheckpointStore(output_uri).markers().values()
              for f in m.get("files", [])}
     cutoff = time.time() - min_age_s
@@ -117,6 +118,7 @@ def unreferenced_files(output_uri: str, min_age_s: float = 0.0) -> list[str]:
 def committed_files(output_uri: str) -> list[str]:
     """URIs of the Parquet data files named by commit markers (what readers should trust);
     WebDataset shards are named by the markers too, under ``wds/``."""
+    output_uri = fs.normalize(output_uri)
     store = CheckpointStore(output_uri)
     return [fs.join(output_uri, f) for pid, m in sorted(store.markers().items())
             for f in m.get("files", []) if f.startswith("data/")]

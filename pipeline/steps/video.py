@@ -372,7 +372,7 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
     if duration == 0.0 and count > 1:
         duration = last_t - first_t
     return VideoInfo(
-        duration_s=duration, fps=count / duration if duration > 0 else 0.0,
+        duration_s=round(duration, 6), fps=round(count / duration, 6) if duration > 0 else 0.0,
         frame_count=count, width=w, height=h, rotation_deg=(-90 * k) % 360, codec=codec,
         container=container, mime=_MIMES.get(container, f"video/{container}"),
         timestamps_s=[t for t, _ in picked], frames=frames,

@@ -43,3 +43,33 @@ def test_second_attempt_loses_the_race_and_deletes_its_files(mixed_input, tmp_pa
     assert status["partitions_planned"] == 2 and status["partitions_committed"] == 1
     assert status["partitions_pending"] == 1 and status["partitions_failed"] == {}
     assert sum(status["rows_by_status"].values()) == len(part.inputs)
+
+
+def test_gc_on_a_relative_output_path_deletes_only_unreferenced_files(
+        mixed_input, tmp_path, monkeypatch, capsys):
+    """`mmpipe gc output/x` (relative, as in every README example) must compare the
+    markers' files with the listing in one form: only the stray attempt's file goes."""
+    from pipeline.io.checkpoint import unreferenced_files
+
+    monkeypatch.chdir(tmp_path)
+    spec = JobSpec.model_validate({
+        "source": {"kind": "files", "uri": str(mixed_input), "partition_size": 10},
+        "sink": {"uri": "output/x", "webdataset": {"enabled": True}},
+        "text_embedding": {"enabled": False}})
+    source = make_datasource(spec.source, spec.decode)
+    plan, _ = planning.load_or_create("output/x", spec.source, source.list_inputs)
+    part = planning.read_partition("output/x", plan.partition_ids[0])
+    pool = ThreadPoolExecutor(2)
+    out = process_partition(part, "aaaa", spec, fingerprint(spec), source,
+                            build_steps(spec, pool), None, pool)
+    assert out["committed"] and any(f.startswith("wds/") for f in out["files"])
+    stray = tmp_path / "output/x/data" / part.partition_id / "a-dead" / "part-00000.parquet"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"partial")
+    assert unreferenced_files("output/x") == [str(stray)]
+    assert [f.rsplit("/a-", 1)[1] for f in committed_files("output/x")] == ["aaaa/part-00000.parquet"]
+    assert cli.main(["gc", "output/x", "--min-age-s", "0"]) == 0
+    assert not stray.exists()
+    for rel in out["files"]:
+        assert (tmp_path / "output/x" / rel).exists(), rel
+    capsys.readouterr()
