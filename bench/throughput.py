@@ -448,8 +448,8 @@ class _TimedSource:
     def __init__(self, inner, acc: collections.Counter):
         self.inner, self.acc = inner, acc
 
-    def extra_fields(self, partition):
-        return self.inner.extra_fields(partition)
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
 
     def read_batches(self, partition, batch_size, pool):
         it = self.inner.read_batches(partition, batch_size, pool)

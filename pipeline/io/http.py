@@ -24,6 +24,7 @@ https://github.com/rom1504/img2dataset/blob/main/img2dataset/downloader.py).
 from __future__ import annotations
 
 import http.cookiejar
+import logging
 import random
 import socket
 import threading
@@ -156,6 +157,9 @@ class HttpFetcher:
         self._stats_lock = threading.Lock()
         self._hosts: dict[str, threading.BoundedSemaphore] = {}
         self._hosts_lock = threading.Lock()
+        # urllib3 logs a WARNING per retried request; at crawl scale that floods the worker
+        # logs, and retries are counted in ``stats`` (the commit markers' ``downloads``).
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         retry = _Retry(
             total=spec.retries, connect=spec.retries, read=spec.retries,
             status=spec.retries, other=0, redirect=None,

@@ -110,6 +110,11 @@ class Datasource:
             batch[ERROR][i] = f"{ErrorReason.READ_FAILED.value}: {uri}: {e}"
             return None
 
+    def download_stats(self) -> dict[str, int]:
+        """This process's HTTP counters so far (``HttpFetcher.stats``: fetches, requests,
+        retries, ok, bytes, ``failed:<kind>``); empty if nothing was downloaded."""
+        return self._http.stats if self._http is not None else {}
+
     def _downloads(self) -> ThreadPoolExecutor:
         """The HTTP fetcher's thread pool (``download.threads``), made on first use."""
         if self._http is None:

@@ -109,6 +109,7 @@ def process_partition(partition: Partition, attempt_id: str, spec: JobSpec, fing
     """
     started = time.time()
     throttled_before, retried_before = retry.POLICY.throttled_requests, retry.POLICY.retried_requests
+    downloads_before = source.download_stats()
     pid = partition.partition_id
     plan = as_model_plan(spec, models)
     schema = output_schema(source.extra_fields(partition), None,
@@ -145,6 +146,9 @@ def process_partition(partition: Partition, attempt_id: str, spec: JobSpec, fing
         "throttled_requests": retry.POLICY.throttled_requests - throttled_before,
         "retried_requests": retry.POLICY.retried_requests - retried_before,
     }
+    downloads = {k: v - downloads_before.get(k, 0) for k, v in source.download_stats().items()}
+    if any(downloads.values()):  # URL manifests: HTTP requests, retries, failures by kind
+        marker["downloads"] = {k: v for k, v in sorted(downloads.items()) if v}
     committed = CheckpointStore(spec.sink.uri).commit(pid, marker)
     if not committed:
         log.warning("partition %s: another attempt committed first; deleting attempt %s",

@@ -30,6 +30,7 @@ class JobReport:
     bytes_written: int = 0
     throttled_requests: int = 0
     retried_requests: int = 0
+    downloads: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     wall_s: float = 0.0
     model_actors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
@@ -43,6 +44,7 @@ class JobReport:
             self.bytes_written += marker["bytes_written"]
             self.throttled_requests += marker.get("throttled_requests", 0)
             self.retried_requests += marker.get("retried_requests", 0)
+            self.downloads.update(marker.get("downloads", {}))
         else:
             self.partitions_skipped.append(marker["partition_id"])
 
@@ -59,6 +61,7 @@ class JobReport:
         d = dataclasses.asdict(self)
         d["rows_by_status"] = dict(self.rows_by_status)
         d["rows_by_reason"] = dict(sorted(self.rows_by_reason.items()))
+        d["downloads"] = dict(sorted(self.downloads.items()))
         d["partitions_committed"] = sorted(self.partitions_committed)
         d["partitions_skipped"] = sorted(self.partitions_skipped)
         d["records_per_s"] = round(self.records_per_s, 2)
@@ -83,6 +86,13 @@ class JobReport:
                      f"({self.records_per_s:.1f} records/s), {self.bytes_written / 2**20:.1f} MiB written, "
                      f"{self.retried_requests} storage requests retried "
                      f"({self.throttled_requests} throttled)")
+        if self.downloads:
+            d = self.downloads
+            failed = ", ".join(f"{k.split(':', 1)[1]}={v}" for k, v in sorted(d.items())
+                               if k.startswith("failed:"))
+            lines.append(f"  downloads: {d.get('fetches', 0)} URLs, {d.get('ok', 0)} ok "
+                         f"({d.get('bytes', 0) / 2**20:.1f} MiB), {d.get('requests', 0)} requests "
+                         f"({d.get('retries', 0)} retries)" + (f"; failed: {failed}" if failed else ""))
         lines += [format_model_actor(a) for a in self.model_actors]
         for pid, err in sorted(self.partitions_failed.items()):
             lines.append(f"  FAILED {pid}: {err}")

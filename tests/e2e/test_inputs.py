@@ -205,6 +205,14 @@ def test_url_manifest_downloads_with_faults_and_resumes(ray_local, tmp_path):
         assert server.counts[f"/status/500/{photos[3]['file']}"] == 3        # 1 + 2 retries
         assert server.counts[f"/status/404/{photos[2]['file']}"] == 1        # no retry on 4xx
         assert set(server.user_agents) == {spec.download.user_agent}
+        downloads = report.to_dict()["downloads"]   # summed from the markers
+        assert sum(m["downloads"]["fetches"] for m in markers.values()) == downloads["fetches"] == 12
+        assert downloads["ok"] == 7                  # 12 - 404, 500, slow, truncated, noai
+        assert downloads["requests"] == sum(server.counts.values())
+        assert (downloads["failed:http_404"], downloads["failed:http_500"],
+                downloads["failed:timeout"], downloads["failed:truncated"],
+                downloads["failed:opted_out"]) == (1, 1, 1, 1, 1)
+        assert "downloads: 12 URLs, 7 ok" in report.format()
         # resume: lose a partition; only it is downloaded again
         before = dict(server.counts)
         _lose(out, "p-000000")
