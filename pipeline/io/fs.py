@@ -93,6 +93,20 @@ def read_bytes(uri: str) -> bytes:
 
 
 @contextlib.contextmanager
+def _temp_file(temp_dir: str | None, suffix: str, write: Callable[[str], None]) -> Iterator[str]:
+    """A new file in ``temp_dir`` (default: the system temp dir) filled by ``write(path)``;
+    yields its path and deletes it when the ``with`` block ends, also on error."""
+    fd, local = tempfile.mkstemp(prefix="mmpipe-stage-", suffix=suffix, dir=temp_dir)
+    os.close(fd)
+    try:
+        write(local)
+        yield local
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(local)
+
+
+@contextlib.contextmanager
 def staged(uri: str, temp_dir: str | None = None,
            chunk_bytes: int = 8 * 2**20) -> Iterator[str]:
     """Yield a local path holding the object ``uri``; delete it on exit.
@@ -107,18 +121,24 @@ def staged(uri: str, temp_dir: str | None = None,
         yield resolve(uri)[1]
         return
     fsys, path = _for_call(uri)
-    suffix = posixpath.splitext(path)[1]
-    fd, local = tempfile.mkstemp(prefix="mmpipe-stage-", suffix=suffix, dir=temp_dir)
-    os.close(fd)
-    try:
-        def copy() -> None:
+
+    def copy(local: str) -> None:
+        def attempt() -> None:
             with fsys.open_input_stream(path) as src, open(local, "wb") as dst:
                 shutil.copyfileobj(src, dst, chunk_bytes)
-        with_retries(uri, "stage", copy)
+        with_retries(uri, "stage", attempt)
+    with _temp_file(temp_dir, posixpath.splitext(path)[1], copy) as local:
         yield local
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(local)
+
+
+def spooled(data: bytes, temp_dir: str | None = None, suffix: str = ""):
+    """A context manager yielding a temporary file in ``temp_dir`` that holds ``data``
+    (bytes), deleted when the ``with`` block ends - ``staged`` for bytes already in
+    memory (a downloaded body, a tar member). ``suffix``: the file name's extension."""
+    def write(local: str) -> None:
+        with open(local, "wb") as f:
+            f.write(data)
+    return _temp_file(temp_dir, suffix, write)
 
 
 def write_bytes(uri: str, data: bytes) -> None:

@@ -161,7 +161,11 @@ class ParquetDatasink:
         self.wds = (WebDatasetWriter(output_uri, partition_id, attempt_id, spec.webdataset)
                      if spec.webdataset.enabled else None)
         self.image_ext = "webp" if image_format == "webp" else "jpg"
-        self.wds_keys: dict[str, int] = {}
+        # the scalar columns of a sample's JSON member: no bytes, no vectors
+        self.json_columns = [f.name for f in schema if not (
+            pa.types.is_binary(f.type) or pa.types.is_fixed_size_list(f.type)
+            or f.name in (IMAGE, "frames", "frame_embeddings"))]
+        self.wds_keys: set[str] = set()
         self.by_status: collections.Counter = collections.Counter()
         self.by_reason: collections.Counter = collections.Counter()
 
@@ -187,14 +191,13 @@ class ParquetDatasink:
     def _unique_key(self, key: str) -> str:
         """A WebDataset key not used before in this attempt: ``key``, else ``key_1``, ...
         (a manifest may repeat a key; the JSON member keeps the original)."""
-        base = WebDatasetWriter.member_key(key)
-        n = self.wds_keys.get(base, 0)
-        self.wds_keys[base] = n + 1
-        while n and f"{base}_{n}" in self.wds_keys:
+        base = name = WebDatasetWriter.member_key(key)
+        n = 0
+        while name in self.wds_keys:
             n += 1
-        if n:
-            self.wds_keys[f"{base}_{n}"] = 1
-        return f"{base}_{n}" if n else base
+            name = f"{base}_{n}"
+        self.wds_keys.add(name)
+        return name
 
     def _sample(self, batch: Batch, i: int) -> dict[str, bytes]:
         """WebDataset members of row ``i``: the image (video: also each sampled frame as
@@ -203,16 +206,14 @@ class ParquetDatasink:
         members: dict[str, bytes] = {}
         if batch.get(IMAGE) and batch[IMAGE][i] is not None:
             members[self.image_ext] = batch[IMAGE][i]
-        for n, frame in enumerate((batch.get("frames") or [None] * (i + 1))[i] or []):
+        frames = batch.get("frames")
+        for n, frame in enumerate(frames[i] if frames is not None and frames[i] else []):
             members[f"{n}.{self.image_ext}"] = frame
         meta = {}
-        for field in self.data.schema:
-            t = field.type
-            if (pa.types.is_binary(t) or pa.types.is_fixed_size_list(t) or field.name in
-                    (IMAGE, "frames", "frame_embeddings")):
-                continue
-            value = (batch.get(field.name) or [None] * (i + 1))[i]
-            meta[field.name] = value.item() if isinstance(value, np.generic) else value
+        for name in self.json_columns:
+            column = batch.get(name)
+            value = column[i] if column is not None else None
+            meta[name] = value.item() if isinstance(value, np.generic) else value
         members["json"] = json.dumps(meta, ensure_ascii=False, default=str).encode()
         if batch[CAPTION][i] is not None:
             members["txt"] = batch[CAPTION][i].encode()

@@ -22,9 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import posixpath
-import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -99,11 +97,8 @@ class Datasource:
         try:
             if data is None:
                 return stack.enter_context(fs.staged(uri, self.temp_dir))
-            fd, path = tempfile.mkstemp(prefix="mmpipe-media-", dir=self.temp_dir,
-                                        suffix=posixpath.splitext(uri.split("#")[-1])[1][:8])
-            stack.callback(_remove, path)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            suffix = posixpath.splitext(uri.split("#")[-1])[1][:8]
+            path = stack.enter_context(fs.spooled(data, self.temp_dir, suffix))
             batch[SOURCE_BYTES][i] = None  # the file holds them now
             return path
         except Exception as e:  # noqa: BLE001 - a staging failure is this record's error
@@ -160,11 +155,6 @@ def _too_large(size_bytes: int, max_bytes: int) -> str:
     return f"{ErrorReason.TOO_LARGE.value}: {size_bytes} bytes > max_bytes {max_bytes}"
 
 
-def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
-
-
 class FilesDatasource(Datasource):
     """Media files under ``spec.uri`` with sidecar captions of the same stem."""
 
@@ -219,12 +209,7 @@ class FilesDatasource(Datasource):
             try:
                 raw = fs.read_bytes(item.caption_uri)
                 if item.caption_uri.endswith(".json"):
-                    obj = json.loads(raw)
-                    if isinstance(obj, dict):
-                        caption = obj.pop(self.spec.caption_column, None)
-                        meta = json.dumps(obj, sort_keys=True, ensure_ascii=False)
-                    else:
-                        caption = obj
+                    caption, meta = split_json_caption(raw, self.spec.caption_column)
                 else:
                     caption = raw
             except Exception as e:  # noqa: BLE001 - a bad sidecar is this record's error
@@ -363,11 +348,9 @@ class WebDatasetDatasource(Datasource):
         caption, meta = sample.members.get("txt"), None
         if "json" in sample.members:
             try:
-                obj = json.loads(sample.members["json"])
-                if isinstance(obj, dict):
-                    found = obj.pop(self.spec.caption_column, None)
-                    caption = found if caption is None else caption  # txt first, as sidecars
-                    meta = json.dumps(obj, sort_keys=True, ensure_ascii=False)
+                found, meta = split_json_caption(sample.members["json"], self.spec.caption_column)
+                if meta is not None and caption is None:  # an object; txt first, as sidecars
+                    caption = found
             except ValueError as e:
                 error = error or (f"{ErrorReason.BAD_SAMPLE.value}: key {sample.key!r} in "
                                   f"shard {sample.shard_uri}: bad json member: {e}")
@@ -378,6 +361,17 @@ class WebDatasetDatasource(Datasource):
 
 def _to_batch(rows: list[dict[str, Any]]) -> Batch:
     return {k: [r[k] for r in rows] for k in rows[0]}
+
+
+def split_json_caption(raw: bytes | str, caption_column: str) -> tuple[Any, str | None]:
+    """A JSON sidecar or member -> ``(caption, metadata_json)``: an object gives its
+    ``caption_column`` value and its other keys as sorted JSON; any other JSON value is the
+    caption itself, with no metadata (None). Raises ``ValueError`` for invalid JSON."""
+    obj = json.loads(raw)
+    if not isinstance(obj, dict):
+        return obj, None
+    caption = obj.pop(caption_column, None)
+    return caption, json.dumps(obj, sort_keys=True, ensure_ascii=False)
 
 
 def _group_items(group: dict) -> Iterator[InputItem]:

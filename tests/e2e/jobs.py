@@ -52,14 +52,30 @@ def markers(out: str) -> dict[str, str]:
     return {p: m["attempt_id"] for p, m in CheckpointStore(out).markers().items()}
 
 
-def rows_by_key(out: str) -> dict[str, dict]:
-    """The committed output rows, keyed by ``key`` (read through the pipeline's fs layer)."""
+def rows_by_key(out: str, key: str = "key") -> dict[str, dict]:
+    """The committed output rows, keyed by the column ``key`` (read through the pipeline's
+    fs layer); ``source_uri`` where keys repeat (WebDataset keys across shards)."""
     rows = {}
     for uri in committed_files(out):
         fsys, path = fs.resolve(uri)
         for r in pq.read_table(path, filesystem=fsys).to_pylist():
-            rows[r["key"]] = r
+            rows[r[key]] = r
     return rows
+
+
+def check_accounting(out: str, planned: bool = True) -> dict[str, dict]:
+    """Every commit marker reconciles: ``rows_in == ok + rejected + error`` == the rows of
+    its Parquet data file, and (``planned``) == ``rows_planned``. Returns the markers."""
+    markers = CheckpointStore(out).markers()
+    for pid, m in markers.items():
+        s = m["rows_by_status"]
+        assert m["rows_in"] == s["ok"] + s["rejected"] + s["error"], pid
+        if planned:
+            assert m["rows_in"] == m["rows_planned"], pid
+        data = [f for f in m["files"] if f.startswith("data/")]
+        fsys, path = fs.resolve(fs.join(out, data[0]))
+        assert pq.read_metadata(path, filesystem=fsys).num_rows == m["rows_in"], pid
+    return markers
 
 
 COMPARED = ("status", "reject_reason", "sha256", "phash", "caption", "width", "height",

@@ -19,7 +19,7 @@ from pipeline.io.checkpoint import CheckpointStore
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec
 from tests.conftest import CASES, DATA, PHOTOS, coco_captions
-from pipeline.io.checkpoint import committed_files
+from tests.e2e.jobs import check_accounting, rows_by_key
 
 
 def _spec(src: Path, out: Path, **over) -> JobSpec:
@@ -30,20 +30,6 @@ def _spec(src: Path, out: Path, **over) -> JobSpec:
     for section, values in over.items():
         data.setdefault(section, {}).update(values)
     return JobSpec.model_validate(data)
-
-
-def _accounting(out: Path) -> dict[str, dict]:
-    markers = CheckpointStore(str(out)).markers()
-    for pid, m in markers.items():
-        s = m["rows_by_status"]
-        assert m["rows_in"] == s["ok"] + s["rejected"] + s["error"], pid
-    return markers
-
-
-def _rows(out: Path) -> dict[str, dict]:
-    """Committed output rows keyed by ``source_uri`` (keys repeat across shards)."""
-    return {r["source_uri"]: r for f in committed_files(str(out))
-            for r in pq.read_table(f).to_pylist()}
 
 
 def _write_shard(path: Path, rows: list[dict]) -> None:
@@ -83,8 +69,8 @@ def test_webdataset_in_and_out_with_bad_shards_and_resume(ray_local, tmp_path):
                  sink={"webdataset": {"enabled": True, "shard_max_samples": 4}})
     report = run_job(spec)
     assert report.complete and report.partitions_total == 3      # 5 shards, 2 per partition
-    markers = _accounting(out)
-    rows = _rows(out)
+    markers = check_accounting(str(out), planned=False)
+    rows = rows_by_key(str(out), "source_uri")
     by_key = {v["key"]: v for v in rows.values() if "/a-00000" in v["source_uri"]}
     for r in photos:  # every photo of the two good shards, caption from the json member
         row = by_key[r["file"].rsplit(".", 1)[0]]
@@ -128,11 +114,11 @@ def test_webdataset_in_and_out_with_bad_shards_and_resume(ray_local, tmp_path):
     _lose(out, "p-000001")
     again = run_job(spec)
     assert again.complete and again.partitions_committed == ["p-000001"]
-    after = {p: m["attempt_id"] for p, m in _accounting(out).items()}
+    after = {p: m["attempt_id"] for p, m in check_accounting(str(out), planned=False).items()}
     assert after.keys() == attempts.keys() and after["p-000001"] != attempts["p-000001"]
     assert {p: a for p, a in after.items() if p != "p-000001"} == {
         p: a for p, a in attempts.items() if p != "p-000001"}
-    again_rows = _rows(out)
+    again_rows = rows_by_key(str(out), "source_uri")
     assert {k: (v["status"], v["sha256"], v["image"]) for k, v in again_rows.items()} == {
         k: (v["status"], v["sha256"], v["image"]) for k, v in rows.items()}
 
@@ -154,9 +140,9 @@ def test_corrupt_manifests_fail_their_partitions_and_the_job_goes_on(ray_local, 
     assert "a_t11.parquet" in failures["p-000000"]["error"]
     assert "c_t12.parquet" in failures["p-000003"]["error"]
     assert len(failures["p-000000"]["attempts"]) == 2
-    markers = _accounting(out)
+    markers = check_accounting(str(out))
     assert sorted(markers) == ["p-000001", "p-000002"]
-    got = {v["key"]: v for v in _rows(out).values()}
+    got = rows_by_key(str(out))
     assert sorted(got) == sorted(r["key"] for r in rows)
     assert all(v["status"] == "ok" for v in got.values())
 
@@ -185,8 +171,8 @@ def test_url_manifest_downloads_with_faults_and_resumes(ray_local, tmp_path):
                      dedup={"exact": False, "near": False})
         report = run_job(spec)
         assert report.complete and report.partitions_total == 2
-        markers = _accounting(out)
-        rows = {v["key"]: v for v in _rows(out).values()}
+        markers = check_accounting(str(out))
+        rows = rows_by_key(str(out))
         assert sorted(rows) == [f"urls/{i:09d}" for i in range(12)]
         for i, (route, want) in enumerate(zip(routes, expect)):
             row = rows[f"urls/{i:09d}"]
@@ -218,7 +204,7 @@ def test_url_manifest_downloads_with_faults_and_resumes(ray_local, tmp_path):
         _lose(out, "p-000000")
         again = run_job(spec)
         assert again.complete and again.partitions_committed == ["p-000000"]
-        assert {p: m["attempt_id"] for p, m in _accounting(out).items()}["p-000001"] == \
+        assert {p: m["attempt_id"] for p, m in check_accounting(str(out)).items()}["p-000001"] == \
             markers["p-000001"]["attempt_id"]
         refetched = {p for p in server.counts if server.counts[p] != before.get(p, 0)}
         assert refetched and all(any(u.endswith(p) for u in urls[:6]) for p in refetched)
@@ -243,8 +229,8 @@ def test_video_job_rows_errors_and_resume(ray_local, tmp_path):
                  dedup={"exact": True, "near": False})
     report = run_job(spec)
     assert report.complete and report.partitions_total == 3
-    markers = _accounting(out)
-    rows = {v["key"]: v for v in _rows(out).values()}
+    markers = check_accounting(str(out))
+    rows = rows_by_key(str(out))
     assert len(rows) == 10
     want = {  # key: (status, error reason, frame_count, width, height, rotation, partial)
         "big_buck_bunny_432_433": ("ok", None, 24, 1280, 720, 0, False),
@@ -274,9 +260,9 @@ def test_video_job_rows_errors_and_resume(ray_local, tmp_path):
     _lose(out, "p-000002")
     again = run_job(spec)
     assert again.complete and again.partitions_committed == ["p-000002"]
-    after = {p: m["attempt_id"] for p, m in _accounting(out).items()}
+    after = {p: m["attempt_id"] for p, m in check_accounting(str(out)).items()}
     assert {p: a for p, a in after.items() if p != "p-000002"} == {
         p: a for p, a in attempts.items() if p != "p-000002"}
-    assert {k: (v["status"], v["frame_timestamps_s"], v["frames"]) for k, v in
-            ((v["key"], v) for v in _rows(out).values())} == {
+    assert {k: (v["status"], v["frame_timestamps_s"], v["frames"])
+            for k, v in rows_by_key(str(out)).items()} == {
         k: (v["status"], v["frame_timestamps_s"], v["frames"]) for k, v in rows.items()}

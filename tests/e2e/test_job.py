@@ -17,6 +17,7 @@ from pipeline.io.sources import make_datasource
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec
 from tests.conftest import CASES, PHOTOS, coco_captions
+from tests.e2e.jobs import check_accounting
 
 
 def make_spec(src: Path, out: Path, **over) -> JobSpec:
@@ -35,21 +36,11 @@ def read_output(out: Path):
     return pq.ParquetDataset(files).read() if files else None
 
 
-def check_partition_accounting(out: Path) -> dict:
-    markers = CheckpointStore(str(out)).markers()
-    for pid, m in markers.items():
-        s = m["rows_by_status"]
-        assert m["rows_in"] == s["ok"] + s["rejected"] + s["error"] == m["rows_planned"], pid
-        rows = pq.read_table(out / m["files"][0]).num_rows
-        assert rows == m["rows_in"]
-    return markers
-
-
 def test_mixed_real_input_end_to_end(ray_local, mixed_input, tmp_path):
     out = tmp_path / "out"
     report = run_job(make_spec(mixed_input, out))
     assert report.complete and report.partitions_total == 4
-    markers = check_partition_accounting(out)
+    markers = check_accounting(str(out))
     assert sorted(markers) == ["p-000000", "p-000001", "p-000002", "p-000003"]
     table = read_output(out)
     rows = {r["key"]: r for r in table.to_pylist()}

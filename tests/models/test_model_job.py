@@ -10,13 +10,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.io.checkpoint import CheckpointStore, committed_files
+from pipeline.io.checkpoint import committed_files
 from pipeline.models.registry import load_backend
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec
 from pipeline.steps.decode import decode_image
 from pipeline.steps.model_input import model_input
 from tests.conftest import PHOTOS, REPO, coco_captions
+from tests.e2e.jobs import check_accounting
 from tests.models.conftest import photo_pixels, section_spec
 
 SERVE = {"replicas": 1, "num_cpus": 0.25}
@@ -52,9 +53,7 @@ def test_clip_score_filter_blip_and_minilm_through_model_actors(ray_local, tiny_
     out = tmp_path / "out"
     report = run_job(job_spec(out, tiny_models, threshold))
     assert report.complete and report.partitions_total == 5
-    for pid, m in CheckpointStore(str(out)).markers().items():
-        s = m["rows_by_status"]
-        assert m["rows_in"] == s["ok"] + s["rejected"] + s["error"] == m["rows_planned"], pid
+    check_accounting(str(out))
 
     table = pq.ParquetDataset(committed_files(str(out))).read()
     schema = table.schema

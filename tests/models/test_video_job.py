@@ -10,13 +10,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.io.checkpoint import CheckpointStore, committed_files
+from pipeline.io.checkpoint import committed_files
 from pipeline.models.registry import load_backend
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec, VideoSpec
 from pipeline.steps.model_input import model_input
 from pipeline.steps.video import decode_video
 from tests.conftest import CASES, DATA
+from tests.e2e.jobs import check_accounting
 from tests.models.conftest import section_spec
 
 SERVE = {"replicas": 1, "num_cpus": 0.25}
@@ -48,9 +49,7 @@ def test_video_job_with_frame_embeddings_clip_score_and_caption(ray_local, tiny_
                        "max_new_tokens": 6, **SERVE}})
     report = run_job(spec)
     assert report.complete and report.partitions_total == 2
-    for pid, m in CheckpointStore(str(out)).markers().items():
-        s = m["rows_by_status"]
-        assert m["rows_in"] == s["ok"] + s["rejected"] + s["error"] == m["rows_planned"], pid
+    check_accounting(str(out))
     table = pq.ParquetDataset(committed_files(str(out))).read()
     dim = table.schema.field("image_embedding").type.list_size
     assert table.schema.field("frame_embeddings").type == pa.list_(pa.list_(pa.float32(), dim))
