@@ -20,7 +20,7 @@ For each check (``embedding``: CLIP image + caption embeddings and their score;
 It prints ``ratio = mmpipe / alone`` per check: 1.0 means the pipeline feeds the GPU as
 fast as the model can eat; the actor's ``idle`` share says how long the GPU waited for
 input. With no CUDA device (or ``--reduced``) it runs a reduced mode: tiny random models
-(``pipeline/models/tiny.py``), fewer records, CPU only; the numbers then only show that
+(``pipeline/testing/tiny_models.py``), fewer records, CPU only; the numbers then only show that
 the script works. Without ``--clip-model``/``--blip-model`` on a GPU it builds full-size
 random checkpoints (CLIP ViT-B/32, BLIP base): compute per image equals the real models',
 captions are junk (``min_new_tokens = max_new_tokens`` keeps their length fixed, in
@@ -155,7 +155,7 @@ def through_mmpipe(spec, gpu: bool) -> dict:
 
 
 def build_models(args, workdir: Path, gpu: bool) -> dict[str, str]:
-    from pipeline.models.tiny import build_clip, build_blip, build_tiny_models
+    from pipeline.testing.tiny_models import build_clip, build_blip, build_tiny_models
 
     if args.clip_model and args.blip_model:
         return {"clip": args.clip_model, "blip": args.blip_model}

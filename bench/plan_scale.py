@@ -62,7 +62,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(plan_once(*args.child)))
         return
-    from pipeline.devtools.seaweedfs import SeaweedS3
+    from pipeline.testing.seaweedfs import SeaweedS3
 
     with tempfile.TemporaryDirectory(prefix="mmpipe-plan-bench-") as tmp:
         server = SeaweedS3(Path(tmp))

@@ -18,17 +18,30 @@ What it does:
    The manifest (JSONL: ``path``, ``caption``, ``key``) is shuffled with the seed so the
    copies of one photo spread over partitions, as in a real crawl.
 2. Runs the same job three ways, each in a fresh subprocess (``--variant a|b|c``), so
-   one variant's memory does not pollute another's:
+   one variant's memory does not pollute another's. All three run the same assembled
+   ``Pipeline`` (``pipeline.assembly.assemble(spec, ...)``: the datasource, the CPU steps
+   ``pipeline.steps``, the model stages ``pipeline.models``, the output schema
+   ``pipeline.schema(partition)``) over the same partitions (``pipeline.io.plan.pack`` of
+   ``pipeline.datasource.list_inputs()``, as the planner cuts them):
 
-   a. mmpipe: ``run_job(spec)`` on a local ``ray.init(num_cpus=--cores)``, default
-      workers (cores minus the CPU reserved for the ModelActor).
-   b. plain loop, one process: ``process_partition`` over every partition of the same
-      plan (``pipeline.io.plan.pack`` of the datasource's listing, as the planner does)
-      with ``LocalEmbedClient(TextEmbedder())``; no Ray imported.
-   c. Ray Data: one block per planned partition (``from_arrow``) -> ``map_batches``
-      (callable class: the datasource's fetch + ``build_steps``; as many actors as
-      mmpipe's workers) -> ``map_batches`` (callable class around ``TextEmbedder``,
-      concurrency=1) -> ``write_parquet``. Batch size = ``runtime.batch_size``.
+   a. mmpipe: ``run_job(spec)`` on a fresh ``ray.init(address="local",
+      num_cpus=--cores)`` (never another session's cluster), default
+      workers (cores minus the CPUs reserved for the ModelActor); each PartitionWorker
+      runs ``assemble(spec, <its model pools>, pool, setup=True)`` and ``run_partition``.
+   b. plain loop, one process: ``run_partition(assemble(spec, local_models(spec), pool,
+      setup=True), partition, new_attempt_id(), pool)`` over every partition of the plan
+      (``pipeline.testing.local_models``: the model in this process behind a
+      ``BatchServer``, which computes in its own threads like a ModelActor); no Ray
+      imported. Same Parquet datasink and commit markers as (a).
+   c. Ray Data: one block per planned partition (a one-row ``from_arrow`` table holding the
+      ``Partition``) -> ``map_batches`` (callable class ``CpuStepsUDF``: the assembled
+      pipeline, models unbound; per partition the datasource's public
+      ``read_partition``, the runner's ``_start_batch`` and ``pipeline.steps``; yields one
+      table per read batch; as many actors as mmpipe's workers) -> ``map_batches``
+      (callable class ``EmbedUDF``: the pipeline assembled with ``local_models(spec,
+      batch_server=False)``, running ``pipeline.models`` and writing rows in
+      ``pipeline.schema(partition)``; concurrency=1) -> ``write_parquet``. Read batch size
+      and embed batch size = ``runtime.batch_size``. No quarantine files or commit markers.
 
    The spec is examples/quickstart.yaml with the manifest columns, partition_size and
    mode overridden (see ``make_spec``).
@@ -47,9 +60,11 @@ What it does:
    load, processing, writing, commit); ``processing`` = first partition/batch started
    -> last partition committed (a, b: from the commit markers) or last embedding batch
    done (c: from the UDFs' call log). records/s = rows / seconds.
-5. Reads the three outputs back, checks that rows by status, rows by reason, every
-   key's status, every output image's bytes agree, and reports the largest
-   difference between text embeddings; prints a markdown summary with ratios vs (b)
+5. Reads the three outputs back (a, b: ``read_committed``, the files the commit markers
+   name; c: every Parquet file written), checks that the output schemas, rows by status,
+   rows by reason, every key's status and every output image's bytes agree, and reports
+   the largest difference between text embeddings; prints a markdown summary with ratios
+   vs (b)
    and saves it (with every number) to ``<workdir>/results/<tag>-summary.{md,json}``;
    ``--render <that json>`` prints it again.
 """
@@ -383,22 +398,35 @@ def _quiet_ray_init(cores: int) -> float:
     import ray
 
     t0 = time.time()
-    ray.init(num_cpus=cores, include_dashboard=False, logging_level=logging.WARNING,
-             log_to_driver=False)
+    # address="local": always a fresh cluster of our own; a bare ray.init() attaches to any
+    # cluster another session started with `ray start` on this machine (and then refuses
+    # num_cpus)
+    ray.init(address="local", num_cpus=cores, include_dashboard=False,
+             logging_level=logging.WARNING, log_to_driver=False)
     return time.time() - t0
 
 
-def read_markers(out_dir: str | Path) -> list[dict[str, Any]]:
-    """The commit markers ``<out>/_checkpoints/*.json`` (local output only), by file name."""
-    return [json.loads(f.read_text()) for f in sorted(Path(out_dir, "_checkpoints").glob("*.json"))]
+def read_markers(out_dir: str | Path) -> list:
+    """The commit markers (``CommitMarker``) of an output, in partition order."""
+    from pipeline.io.checkpoint import CheckpointStore
+
+    return [m for _, m in sorted(CheckpointStore(str(out_dir)).markers().items())]
 
 
 def _marker_window(out_dir: str, t_job: float) -> dict[str, float]:
     """From the commit markers: seconds from job start to the first partition's start, and
     from then to the last partition's commit."""
     ms = read_markers(out_dir)
-    first, last = min(m["started_at"] for m in ms), max(m["finished_at"] for m in ms)
+    first, last = min(m.started_at for m in ms), max(m.finished_at for m in ms)
     return {"startup_s": round(first - t_job, 2), "processing_s": round(last - first, 2)}
+
+
+def plan_partitions(pipeline) -> list:
+    """The partitions of the job, cut as the planner cuts them (``plan.pack`` of the
+    datasource's listing)."""
+    from pipeline.io.plan import pack, partition_size
+
+    return list(pack(pipeline.datasource.list_inputs(), partition_size(pipeline.spec.source)))
 
 
 def variant_a(spec, cores: int) -> dict[str, Any]:
@@ -427,13 +455,15 @@ def variant_a(spec, cores: int) -> dict[str, Any]:
 
 
 class _TimedStep:
-    """Wraps a step to add its wall time to ``acc`` (plain-loop profile)."""
+    """Wraps a CPU step of the assembled pipeline to add its wall time to ``acc``
+    (plain-loop profile). Everything else (``name``, ``writes``, ``settings``,
+    ``start_partition``...) is the step's own, so the fingerprint does not change."""
 
     def __init__(self, inner, acc: collections.Counter):
-        self.inner, self.acc, self.name = inner, acc, type(inner).__name__
+        self.inner, self.acc, self.name = inner, acc, inner.name
 
-    def start_partition(self, partition_id: str) -> None:
-        self.inner.start_partition(partition_id)
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
 
     def __call__(self, batch):
         t = time.perf_counter()
@@ -442,89 +472,84 @@ class _TimedStep:
         return out
 
 
-class _TimedSource:
-    """Wraps a datasource to time ``read_batches`` (manifest read + fetch of the bytes)."""
-
-    def __init__(self, inner, acc: collections.Counter):
-        self.inner, self.acc = inner, acc
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-    def read_batches(self, partition, batch_size, pool):
-        it = self.inner.read_batches(partition, batch_size, pool)
+def _timed_reads(read_partition, acc: collections.Counter):
+    """Wraps ``datasource.read_partition`` to time each batch (manifest read + fetch)."""
+    def timed(*args, **kwargs):
+        it = read_partition(*args, **kwargs)
         while True:
             t = time.perf_counter()
             try:
                 batch = next(it)
             except StopIteration:
-                self.acc["read+fetch"] += time.perf_counter() - t
+                acc["read+fetch"] += time.perf_counter() - t
                 return
-            self.acc["read+fetch"] += time.perf_counter() - t
+            acc["read+fetch"] += time.perf_counter() - t
             yield batch
+    return timed
 
 
-class _TimedEmbed:
-    def __init__(self, inner, acc: collections.Counter):
-        self.inner, self.acc = inner, acc
+def _timed_client(acc: collections.Counter):
+    """A ``LocalModelClient`` that adds the time the loop waits on ``result`` to ``acc``."""
+    from pipeline.testing.local_models import LocalModelClient
 
-    def submit(self, texts):
-        t = time.perf_counter()
-        out = self.inner.submit(texts)
-        self.acc["embed"] += time.perf_counter() - t
-        return out
+    class TimedClient(LocalModelClient):
+        def result(self, handle):
+            t = time.perf_counter()
+            out = super().result(handle)
+            acc["wait on model"] += time.perf_counter() - t
+            return out
 
-    def result(self, handle):
-        return self.inner.result(handle)
+    return TimedClient
 
 
 def variant_b(spec, cores: int) -> dict[str, Any]:
-    """Plain loop in one process: ``process_partition`` over the plan; no Ray."""
+    """Plain loop in one process: ``run_partition`` of the assembled pipeline over the
+    plan, the model in this process (``local_models``); no Ray."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from pipeline.assembly import assemble
     from pipeline.io import fs
-    from pipeline.io.plan import pack
-    from pipeline.io.sources import make_datasource
-    from pipeline.models.text import TextEmbedder
-    from pipeline.runtime.model_steps import text_task
-    from pipeline.runtime.partition import (LocalEmbedClient, build_steps, new_attempt_id,
-                                            process_partition)
-    from pipeline.spec import fingerprint
+    from pipeline.runtime.partition import new_attempt_id, run_partition
+    from pipeline.testing.local_models import local_models
 
     assert "ray" not in sys.modules, "the plain loop must not import ray"
     t0 = time.time()
+    fs.configure(**spec.storage.model_dump())
     fs.delete_tree(spec.sink.uri)  # runtime.mode=overwrite
     acc: collections.Counter = collections.Counter()
-    source = make_datasource(spec.source, spec.decode)
-    partitions = list(pack(source.list_inputs(), spec.source.partition_size))
     pool = ThreadPoolExecutor(spec.runtime.decode_threads)
-    steps = build_steps(spec, pool)
     t = time.perf_counter()
-    embedder = TextEmbedder(spec.text_embedding.model)
-    acc["model load"] += time.perf_counter() - t
-    tasks = [text_task(_TimedEmbed(LocalEmbedClient(embedder), acc), embedder.dim,
-                       spec.text_embedding.max_in_flight)]
-    fp = fingerprint(spec)
+    models = local_models(spec, client=_timed_client(acc))
+    load_s = time.perf_counter() - t
+    pipeline = assemble(spec, models, pool, setup=True)
+    fp = pipeline.fingerprint
+    partitions = plan_partitions(pipeline)
+    # profile hooks; they leave the fingerprint (and so the markers) as they are
+    pipeline.steps = [_TimedStep(s, acc) for s in pipeline.steps]
+    pipeline.datasource.read_partition = _timed_reads(pipeline.datasource.read_partition, acc)
+    assert pipeline.fingerprint == fp, "the profile hooks changed the fingerprint"
     rows: collections.Counter = collections.Counter()
     reasons: collections.Counter = collections.Counter()
-    timed = [_TimedStep(s, acc) for s in steps]
     t_parts = time.perf_counter()
     for part in partitions:
-        out = process_partition(part, new_attempt_id(), spec, fp, _TimedSource(source, acc),
-                                timed, tasks, pool)
-        assert out["committed"], out
-        rows.update(out["rows_by_status"])
-        reasons.update(out["rows_by_reason"])
+        out = run_partition(pipeline, part, new_attempt_id(), pool)
+        assert out.committed, out
+        rows.update(out.marker.rows_by_status)
+        reasons.update(out.marker.rows_by_reason)
     parts_s = time.perf_counter() - t_parts
     wall = time.time() - t0
     pool.shutdown()
-    profile = {k: round(v, 2) for k, v in acc.items()}
-    profile["sink+commit+other"] = round(parts_s - sum(v for k, v in acc.items()
-                                                       if k != "model load"), 2)
+    servers = {section: client.server.stats() for section, (client, _) in models.items()
+               if hasattr(client.server, "stats")}
+    profile = {"model load": round(load_s, 2)}
+    profile.update({k: round(v, 2) for k, v in acc.items()})
+    profile["sink+commit+other"] = round(parts_s - sum(acc.values()), 2)
+    for section, st in servers.items():  # in the BatchServer's thread, overlapping the rest
+        profile[f"{section} model busy (own thread)"] = st["busy_s"]
     return {"wall_s": round(wall, 2), "job_s": round(wall, 2), "workers": 1,
             **_marker_window(spec.sink.uri, t0),
             "partitions": len(partitions), "profile_s": profile,
-            "torch_threads": _torch_threads(),
+            "torch_threads": _torch_threads(), "model_servers": servers,
             "rows_by_status": {k: v for k, v in rows.items() if v},
             "rows_by_reason": dict(reasons)}
 
@@ -543,120 +568,137 @@ def _log_call(path: str, kind: str, start: float, rows: int) -> None:
         f.write(json.dumps([kind, start, time.time(), rows]) + "\n")
 
 
-class CpuStepsUDF:
-    """Ray Data callable class: a partition's rows -> the CPU steps' output table.
+def partition_to_json(partition) -> str:
+    import dataclasses
 
-    Reads the bytes with the manifest datasource's own fetch (``_batch``), runs
-    ``build_steps`` (caption, decode, filter, hash, dedup, resize) and returns the rows
-    in the output schema without ``text_embedding``. Dedup state is per partition: a
-    block is one partition and Ray Data hands a block's batches, in order, to one actor;
-    the guard below raises if a partition's rows ever arrive split or out of order.
+    return json.dumps(dataclasses.asdict(partition))
+
+
+def partition_from_json(text: str):
+    from pipeline.records import InputItem, Partition
+
+    d = json.loads(text)
+    return Partition(d["partition_id"], tuple(InputItem(**i) for i in d["inputs"]))
+
+
+def cpu_schema(pipeline, partition):
+    """The output schema without the model columns (the CPU stage's tables in variant c):
+    the columns of kind ``output`` that the datasource, the runner and the CPU steps write,
+    in ``pipeline.columns`` order, then the datasource's carried columns. The models are
+    unbound here, so ``pipeline.schema`` (which types the model columns) cannot be used."""
+    import pyarrow as pa
+
+    from pipeline.columns import COLUMNS, lookup, output_order
+
+    model_cols = set(pipeline.models.writes)
+    typed = {f.name: f for s in pipeline.steps for f in s.fields()}
+    names = {n for n in pipeline.writes if n not in model_cols and lookup(n).kind == "output"}
+    fields = [typed[n] if n in typed else COLUMNS[n].field() for n in output_order(names)]
+    return pa.schema(fields + pipeline.datasource.extra_fields(partition))
+
+
+class CpuStepsUDF:
+    """Ray Data callable class: a partition (one row: the ``Partition`` as JSON) -> the
+    rows after the CPU steps, one table per read batch.
+
+    Assembles the job's pipeline once, models unbound (``assemble(spec, None, pool,
+    setup=True)``), and per partition does what ``run_partition`` does before the models:
+    every step's ``start_partition`` (dedup state is per partition), the datasource's
+    ``read_partition``, ``_start_batch``, then ``pipeline.steps``. A whole partition is one
+    call, so its rows are never split across actors.
     """
 
-    def __init__(self, spec_json: str, manifest_uri: str, timeline: str):
+    def __init__(self, spec_json: str, fingerprint: str, timeline: str):
         from concurrent.futures import ThreadPoolExecutor
 
-        from pipeline.io.sinks import output_schema
-        from pipeline.io.sources import make_datasource
-        from pipeline.runtime.partition import build_steps
+        from pipeline.assembly import assemble
+        from pipeline.io import fs
         from pipeline.spec import JobSpec
 
         self.spec = JobSpec.model_validate_json(spec_json)
+        fs.configure(**self.spec.storage.model_dump())
         self.pool = ThreadPoolExecutor(self.spec.runtime.decode_threads)
-        self.source = make_datasource(self.spec.source, self.spec.decode)
-        self.steps = build_steps(self.spec, self.pool)
-        self.schema = output_schema([], None)
-        self.base = posixpath.dirname(manifest_uri)
-        self.manifest_columns = [c for c in (self.spec.source.path_column,
-                                             self.spec.source.caption_column,
-                                             self.spec.source.key_column) if c]
-        self.next_row: dict[str, int] = {}
-        self.current: str | None = None
+        self.pipeline = assemble(self.spec, None, self.pool, setup=True)
+        if self.pipeline.fingerprint != fingerprint:
+            raise RuntimeError(f"CPU UDF assembled fingerprint {self.pipeline.fingerprint}, "
+                               f"the driver {fingerprint}")
         self.timeline = timeline
 
     def __call__(self, table):
-        t = time.time()
-        out = self._call(table)
-        _log_call(self.timeline, "cpu", t, table.num_rows)
-        return out
+        for text in table.column("partition").to_pylist():
+            t, rows = time.time(), 0
+            for out in self._partition(partition_from_json(text)):
+                rows += out.num_rows
+                yield out
+            _log_call(self.timeline, "cpu", t, rows)
 
-    def _call(self, table):
-        import pyarrow as pa
-
+    def _partition(self, partition):
         from pipeline.io.sinks import to_table
         from pipeline.runtime.partition import _start_batch
 
-        cols = table.to_pydict()
-        pids, first_rows = cols.pop("_partition_id"), cols.pop("_row")
-        starts = cols.pop("_partition_row_start")
-        out = []
-        i = 0
-        while i < len(pids):  # runs of one partition (normally the whole batch)
-            j = i
-            while j < len(pids) and pids[j] == pids[i]:
-                j += 1
-            pid = pids[i]
-            expected = self.next_row.get(pid, starts[i])
-            if pid != self.current:
-                if pid in self.next_row:
-                    raise RuntimeError(f"partition {pid} resumed after another one")
-                for step in self.steps:
-                    step.start_partition(pid)
-                self.current = pid
-            if first_rows[i:j] != list(range(expected, expected + j - i)):
-                raise RuntimeError(f"partition {pid}: rows {first_rows[i]}.. arrived out of "
-                                   f"order or split across actors (expected {expected})")
-            self.next_row[pid] = expected + j - i
-            chunk = {c: cols[c][i:j] for c in self.manifest_columns}
-            batch = self.source._batch(chunk, self.spec.source.path_column, self.base, self.pool)
+        pid = partition.partition_id
+        schema = cpu_schema(self.pipeline, partition)
+        for step in self.pipeline.parts:
+            step.start_partition(pid)
+        for batch in self.pipeline.datasource.read_partition(
+                partition, self.spec.runtime.batch_size, self.pool):
             batch = _start_batch(batch, pid)
-            for step in self.steps:
+            for step in self.pipeline.steps:
                 batch = step(batch)
-            out.append(to_table(batch, self.schema, list(range(j - i))))
-            i = j
-        return pa.concat_tables(out)
+            yield to_table(batch, schema, list(range(len(batch["key"]))))
 
 
 class EmbedUDF:
-    """Ray Data callable class: adds ``text_embedding`` for ok rows with a caption."""
+    """Ray Data callable class: runs the pipeline's model stages (``pipeline.models``,
+    bound to the model loaded in this actor by ``local_models``, called synchronously) on
+    the CPU stage's rows and returns them in ``pipeline.schema(partition)``, the output
+    schema of (a) and (b)."""
 
-    def __init__(self, model: str, batch_size: int, timeline: str):
-        from pipeline.models.text import TextEmbedder
+    def __init__(self, spec_json: str, fingerprint: str, partitions_json: list[str],
+                 timeline: str):
+        from pipeline.assembly import assemble
+        from pipeline.spec import JobSpec
+        from pipeline.testing.local_models import local_models
 
-        self.embedder = TextEmbedder(model)
-        self.batch_size = batch_size
+        self.spec = JobSpec.model_validate_json(spec_json)
+        self.pipeline = assemble(self.spec, local_models(self.spec, batch_server=False))
+        if self.pipeline.fingerprint != fingerprint:
+            raise RuntimeError(f"embed UDF assembled fingerprint {self.pipeline.fingerprint}, "
+                               f"the driver {fingerprint}")
+        self.partitions = {p.partition_id: p for p in map(partition_from_json, partitions_json)}
+        self.schemas: dict[str, Any] = {}
         self.timeline = timeline
 
     def __call__(self, table):
         t = time.time()
-        out = self._call(table)
+        pids = table.column("partition_id").to_pylist()
+        i = 0
+        while i < len(pids):  # runs of one partition (a batch may span two blocks)
+            j = i
+            while j < len(pids) and pids[j] == pids[i]:
+                j += 1
+            yield self._rows(table.slice(i, j - i), pids[i])
+            i = j
         _log_call(self.timeline, "embed", t, table.num_rows)
-        return out
 
-    def _call(self, table):
-        import pyarrow as pa
+    def _rows(self, table, pid: str):
+        from pipeline.io.sinks import to_table
 
-        from pipeline.io.sinks import _column
-
-        status, caption = table.column("status").to_pylist(), table.column("caption").to_pylist()
-        rows = [i for i, s in enumerate(status) if s == "ok" and caption[i] is not None]
-        values: list = [None] * table.num_rows
-        if rows:
-            vectors = self.embedder([caption[i] for i in rows], batch_size=self.batch_size)
-            for j, i in enumerate(rows):
-                values[i] = vectors[j]
-        field = pa.field("text_embedding", pa.list_(pa.float32(), self.embedder.dim))
-        return table.append_column(field, _column(values, field))
+        if pid not in self.schemas:
+            self.schemas[pid] = self.pipeline.schema(self.partitions[pid])
+        models = self.pipeline.models
+        batch = models.finish(models.start(table.to_pydict()))
+        return to_table(batch, self.schemas[pid], list(range(table.num_rows)))
 
 
-def variant_c(spec, cores: int, manifest: Path) -> dict[str, Any]:
-    """Ray Data: blocks = partitions -> map_batches(CPU steps) -> map_batches(embed) -> Parquet."""
+def variant_c(spec, cores: int) -> dict[str, Any]:
+    """Ray Data: blocks = partitions -> map_batches(CPU steps) -> map_batches(models) -> Parquet."""
     import pyarrow as pa
     import ray
 
-    from pipeline.io import fs, manifest as manifests
-    from pipeline.io.plan import pack
-    from pipeline.io.sources import make_datasource
+    from pipeline.assembly import assemble
+    from pipeline.io import fs
+    from pipeline.runtime.model_pool import reserved_cpus
 
     init_s = _quiet_ray_init(cores)
     try:
@@ -664,32 +706,26 @@ def variant_c(spec, cores: int, manifest: Path) -> dict[str, Any]:
         ctx.enable_progress_bars = False
         ctx.print_on_execution_start = False
         t0 = time.time()
+        fs.configure(**spec.storage.model_dump())
         fs.delete_tree(spec.sink.uri)
         timeline = Path(str(spec.sink.uri) + ".timeline.jsonl")
         timeline.unlink(missing_ok=True)
-        source = make_datasource(spec.source, spec.decode)
-        partitions = list(pack(source.list_inputs(), spec.source.partition_size))
-        blocks = []
-        for part in partitions:
-            tables = [manifests.read_rows(i.uri, spec.source.manifest_format, i.row_start,
-                                          i.row_stop, source._string_columns())
-                      for i in part.inputs]
-            t = pa.concat_tables(tables)
-            start = part.inputs[0].row_start
-            blocks.append(t.append_column("_partition_id", pa.array([part.partition_id] * len(t)))
-                          .append_column("_row", pa.array(range(start, start + len(t)), pa.int64()))
-                          .append_column("_partition_row_start", pa.array([start] * len(t),
-                                                                          pa.int64())))
+        pipeline = assemble(spec)  # as the driver: listing and fingerprint, models unbound
+        partitions = plan_partitions(pipeline)
+        parts_json = [partition_to_json(p) for p in partitions]
+        blocks = [pa.table({"partition": [p]}) for p in parts_json]
         te = spec.text_embedding
-        workers = max(1, int(cores - te.replicas * te.num_cpus))  # as mmpipe's default_workers
+        workers = max(1, int(cores - reserved_cpus(spec)))  # as mmpipe's default_workers
         ds = ray.data.from_arrow(blocks)
-        ds = ds.map_batches(CpuStepsUDF, batch_size=spec.runtime.batch_size, batch_format="pyarrow",
+        ds = ds.map_batches(CpuStepsUDF, batch_size=1, batch_format="pyarrow",
                             fn_constructor_kwargs={"spec_json": spec.model_dump_json(),
-                                                   "manifest_uri": partitions[0].inputs[0].uri,
+                                                   "fingerprint": pipeline.fingerprint,
                                                    "timeline": str(timeline)},
                             compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1)
         ds = ds.map_batches(EmbedUDF, batch_size=spec.runtime.batch_size, batch_format="pyarrow",
-                            fn_constructor_kwargs={"model": te.model, "batch_size": te.batch_size,
+                            fn_constructor_kwargs={"spec_json": spec.model_dump_json(),
+                                                   "fingerprint": pipeline.fingerprint,
+                                                   "partitions_json": parts_json,
                                                    "timeline": str(timeline)},
                             compute=ray.data.ActorPoolStrategy(size=1), num_cpus=te.num_cpus)
         ds.write_parquet(str(fs.normalize(spec.sink.uri)), compression="zstd")
@@ -723,7 +759,7 @@ def run_variant(args) -> int:
         elif args.variant == "b":
             res = variant_b(spec, args.cores)
         else:
-            res = variant_c(spec, args.cores, manifest)
+            res = variant_c(spec, args.cores)
     finally:
         mem = sampler.finish()
     res.update(variant=args.variant, output=str(out_dir), memory=mem)
@@ -733,35 +769,52 @@ def run_variant(args) -> int:
 
 # ----------------------------------------------------------------------------- outputs
 
-def read_output(kind: str, out_dir: Path) -> dict[str, dict[str, Any]]:
-    """``key -> {status, reason, image sha256, embedding}`` of one variant's output."""
+def read_output(kind: str, out_dir: Path) -> tuple[dict[str, dict[str, Any]], Any]:
+    """``(key -> {status, reason, image sha256, embedding}, schema)`` of one variant's
+    output: (a, b) the committed output (``read_committed``: the data files the commit
+    markers name), (c) every Parquet file Ray Data wrote."""
     import numpy as np
     import pyarrow.parquet as pq
 
-    if kind in ("a", "b"):  # the data files named by the commit markers
-        files = [str(out_dir / f) for m in read_markers(out_dir) for f in m["files"]
-                 if f.startswith("data/")]
+    columns = ["key", "status", "reject_reason", "image", "text_embedding"]
+    if kind in ("a", "b"):
+        from pipeline.io.checkpoint import committed_files, read_committed
+
+        schema = pq.read_schema(committed_files(str(out_dir))[0])
+        table = read_committed(str(out_dir), columns=columns)
     else:
         files = sorted(str(p) for p in out_dir.rglob("*.parquet"))
+        schema = pq.read_schema(files[0])
+        table = pq.ParquetDataset(files).read(columns=columns)
     rows: dict[str, dict[str, Any]] = {}
-    for f in files:
-        t = pq.read_table(f, columns=["key", "status", "reject_reason", "image", "text_embedding"])
-        for r in t.to_pylist():
-            if r["key"] in rows:
-                raise RuntimeError(f"{kind}: key {r['key']} written twice")
-            emb = r["text_embedding"]
-            rows[r["key"]] = {"status": r["status"], "reason": r["reject_reason"],
-                              "image": hashlib.sha256(r["image"]).hexdigest() if r["image"] else None,
-                              "emb": np.asarray(emb, dtype=np.float32) if emb is not None else None}
-    return rows
+    for r in table.to_pylist():
+        if r["key"] in rows:
+            raise RuntimeError(f"{kind}: key {r['key']} written twice")
+        emb = r["text_embedding"]
+        rows[r["key"]] = {"status": r["status"], "reason": r["reject_reason"],
+                          "image": hashlib.sha256(r["image"]).hexdigest() if r["image"] else None,
+                          "emb": np.asarray(emb, dtype=np.float32) if emb is not None else None}
+    return rows, schema.remove_metadata()
 
 
-def compare(outputs: dict[str, dict]) -> tuple[bool, list[str], dict[str, dict]]:
-    """Check the variants' outputs agree; return ``(ok, lines, counts by variant)``."""
+def _schema_diff(a, b) -> list[str]:
+    """Fields (``name: type``) in one schema and not the other, or in another order."""
+    fa, fb = [f"{f.name}: {f.type}" for f in a], [f"{f.name}: {f.type}" for f in b]
+    if fa == fb:
+        return []
+    only = [f"-{x}" for x in fa if x not in fb] + [f"+{x}" for x in fb if x not in fa]
+    return only or ["same fields, another order"]
+
+
+def compare(read: dict[str, tuple]) -> tuple[bool, list[str], dict[str, dict]]:
+    """Check the variants' outputs (``v -> read_output(...)``) agree; return ``(ok, lines,
+    counts by variant)``."""
     import numpy as np
 
     lines, ok = [], True
     counts = {}
+    outputs = {v: rows for v, (rows, _) in read.items()}
+    schemas = {v: schema for v, (_, schema) in read.items()}
     for v, rows in outputs.items():
         st = collections.Counter(r["status"] for r in rows.values())
         rs = collections.Counter(f"{r['status']}:{r['reason']}" for r in rows.values()
@@ -781,9 +834,12 @@ def compare(outputs: dict[str, dict]) -> tuple[bool, list[str], dict[str, dict]]
         emb = [float(np.abs(a[k]["emb"] - b[k]["emb"]).max()) for k in a
                if k in b and a[k]["emb"] is not None and b[k]["emb"] is not None]
         emb_missing = sum(1 for k in a if k in b and (a[k]["emb"] is None) != (b[k]["emb"] is None))
-        good = same_counts and same_keys and not status_diff and not image_diff and not emb_missing
+        schema_diff = _schema_diff(schemas[ref], schemas[v])
+        good = (same_counts and same_keys and not status_diff and not image_diff
+                and not emb_missing and not schema_diff)
         ok &= good
-        lines.append(f"{ref} vs {v}: {'MATCH' if good else 'MISMATCH'} - rows by status "
+        lines.append(f"{ref} vs {v}: {'MATCH' if good else 'MISMATCH'} - output schema "
+                     f"{'equal (' + str(len(schemas[v])) + ' columns)' if not schema_diff else 'DIFFERS ' + ', '.join(schema_diff)}, rows by status "
                      f"{'equal' if same_counts else 'DIFFER'}, keys {'equal' if same_keys else 'DIFFER'}, "
                      f"{len(status_diff)} keys with another status/reason, {len(image_diff)} "
                      f"output images differ, {emb_missing} embeddings present in only one, "
@@ -906,8 +962,15 @@ def details_markdown(results: dict[str, dict]) -> str:
             lines.append(f"  - plain-loop profile (s, wall inside the loop; torch threads "
                          f"{r.get('torch_threads')}): {r['profile_s']}")
         for a in r.get("model_actors") or []:
-            lines.append(f"  - {a.get('name')}: {a.get('batches')} calls, {a.get('records')} "
-                         f"captions, busy {a.get('busy_s', 0):.1f}s of {a.get('alive_s', 0):.1f}s alive")
+            lines.append(f"  - {a.get('name')}: {a.get('requests')} calls, {a.get('batches')} "
+                         f"forward passes (mean {a.get('mean_batch_rows')} rows), "
+                         f"{a.get('records')} captions, busy {a.get('busy_s', 0):.1f}s of "
+                         f"{a.get('alive_s', 0):.1f}s alive")
+        for section, a in (r.get("model_servers") or {}).items():
+            lines.append(f"  - in-process {section} BatchServer: {a.get('requests')} calls, "
+                         f"{a.get('batches')} forward passes (mean {a.get('mean_batch_rows')} "
+                         f"rows), {a.get('records')} captions, busy {a.get('busy_s', 0):.1f}s "
+                         f"of a {a.get('window_s', 0):.1f}s window")
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@
 
 Real architectures (transformers config classes), real processors and tokenizers, tiny
 widths, random weights: the pipeline runs exactly as with real weights, but embeddings,
-scores and captions are junk. See ``pipeline/models/tiny.py``. Offline; ~10 s on a laptop.
+scores and captions are junk. See ``pipeline/testing/tiny_models.py``. Offline; ~10 s on a laptop.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.models.tiny import NAMES, build_tiny_models  # noqa: E402
+from pipeline.testing.tiny_models import NAMES, build_tiny_models  # noqa: E402
 
 
 def main() -> int:

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.devtools.seaweedfs import SeaweedS3
+from pipeline.testing.seaweedfs import SeaweedS3
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "mmpipe-example"

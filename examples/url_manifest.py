@@ -108,11 +108,10 @@ def write_manifest(path: Path, base_url: str) -> pa.Table:
 def read_output(output: str) -> pa.Table:
     """The committed data rows (only files named by commit markers)."""
     sys.path.insert(0, str(REPO))
-    from pipeline.io.checkpoint import committed_files
+    from pipeline.io.checkpoint import read_committed
 
-    files = [f for f in committed_files(output) if "/data/" in f and f.endswith(".parquet")]
-    return pq.ParquetDataset(files).read(columns=["key", "source_uri", "status",
-                                                  "reject_reason", "error", "caption"])
+    return read_committed(output, columns=["key", "source_uri", "status", "reject_reason",
+                                           "error", "caption"])
 
 
 def check(out: pa.Table, manifest: pa.Table, base_url: str) -> list[str]:

@@ -13,7 +13,7 @@ import os
 import sys
 
 from pipeline.errors import MmpipeError, SpecError
-from pipeline.spec import fingerprint, load_spec
+from pipeline.spec import load_spec
 
 log = logging.getLogger("pipeline")
 
@@ -35,6 +35,8 @@ def _load(args):
 
 def cmd_validate(args) -> int:
     spec = _load(args)
+    from pipeline.assembly import fingerprint
+
     print(f"{args.spec}: valid (fingerprint {fingerprint(spec)})")
     return 0
 
@@ -70,7 +72,7 @@ def cmd_status(args) -> int:
     total = len(plan) if plan else 0
     rows: dict[str, int] = {}
     for m in markers.values():
-        for k, v in m["rows_by_status"].items():
+        for k, v in m.rows_by_status.items():
             rows[k] = rows.get(k, 0) + v
     print(json.dumps({"output": args.output, "partitions_planned": total,
                       "partitions_committed": len(markers),
@@ -95,6 +97,7 @@ def cmd_gc(args) -> int:
 
 def cmd_submit(args) -> int:
     spec = _load(args)  # a bad spec fails here, before anything is uploaded
+    from pipeline.assembly import fingerprint
     from pipeline.runtime import submit
 
     for what, uri in (("source.uri", spec.source.uri), ("sink.uri", spec.sink.uri)):

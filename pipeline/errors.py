@@ -6,6 +6,8 @@ record errors, and the partition worker turns them into partition failures.
 
 from __future__ import annotations
 
+from pipeline.records import ErrorReason
+
 
 class MmpipeError(Exception):
     """Base class of every error raised on purpose by mmpipe."""
@@ -27,9 +29,9 @@ class RecordError(MmpipeError):
     message carries the decoder's or reader's own text.
     """
 
-    def __init__(self, reason: str, message: str):
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
+    def __init__(self, reason: ErrorReason | str, message: str):
+        self.reason = ErrorReason(reason)
+        super().__init__(f"{self.reason.value}: {message}")
         self.message = message
 
 
@@ -50,3 +52,8 @@ class ModelLoadError(MmpipeError):
 
     Raised at job start (on the driver) naming the spec field and the model location.
     """
+
+
+class AssemblyError(MmpipeError):
+    """The pipeline cannot be assembled: a step, datasource or model writes a column not
+    declared in ``pipeline.columns`` (or declares it with a conflicting type)."""

@@ -1,17 +1,16 @@
-"""Column names, status and reason codes, and the small frozen records of a job.
+"""Status and reason codes, and the small frozen records of a job.
 
-A ``Batch`` is a dict of equal-length Python lists (one list per column); steps read and
-write columns of it. Decoded pixels travel in the ``pixels`` column as ``np.ndarray`` of
-shape (H, W, 3), dtype uint8, RGB; they never reach the output.
+Columns are declared in ``pipeline.columns``. A row's outcome is typed end to end: the
+step that decides sets ``status`` and a ``RejectReason`` or a ``RowError`` (an
+``ErrorReason`` and a message); the datasinks write them as the ``reject_reason``,
+``error_reason`` and ``error`` columns, and the per-attempt statistics count them by
+``"<status>:<reason>"`` for the commit marker and the metrics.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
-
-Batch = dict[str, list[Any]]
 
 
 class Status(str, enum.Enum):
@@ -40,6 +39,23 @@ class ErrorReason(str, enum.Enum):
     TRUNCATED_SHARD = "truncated_shard"  # WebDataset: shard cut short (shard-level row)
 
 
+@dataclasses.dataclass(frozen=True)
+class RowError:
+    """Why one record failed: a typed ``reason`` and the reader's or decoder's ``message``.
+
+    ``str(error)`` is ``"<reason>: <message>"``, the text of the ``error`` column.
+    """
+
+    reason: ErrorReason
+    message: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "reason", ErrorReason(self.reason))
+
+    def __str__(self) -> str:
+        return f"{self.reason.value}: {self.message}"
+
+
 class RejectReason(str, enum.Enum):
     """Why a filter set ``status="rejected"`` (the ``reject_reason`` column)."""
 
@@ -47,44 +63,6 @@ class RejectReason(str, enum.Enum):
     ASPECT_RATIO = "aspect_ratio"
     DUPLICATE = "duplicate"
     LOW_CLIP_SCORE = "low_clip_score"
-
-
-# Reserved output columns (DESIGN.md "Output layout and schema").
-KEY = "key"
-PARTITION_ID = "partition_id"
-SOURCE_URI = "source_uri"
-STATUS = "status"
-REJECT_REASON = "reject_reason"
-ERROR = "error"
-WIDTH = "width"
-HEIGHT = "height"
-MIME = "mime"
-SHA256 = "sha256"
-PHASH = "phash"
-IMAGE = "image"
-CAPTION = "caption"
-TEXT_EMBEDDING = "text_embedding"
-IMAGE_EMBEDDING = "image_embedding"
-CLIP_SCORE = "clip_score"
-GENERATED_CAPTION = "generated_caption"
-FRAME_EMBEDDINGS = "frame_embeddings"
-
-# Internal columns: present in batches, never written to the data output.
-SOURCE_BYTES = "_source_bytes"
-RAW_CAPTION = "_raw_caption"
-PIXELS = "_pixels"
-SOURCE_PATH = "_source_path"  # video: a local file holding the media (staged if remote)
-FRAMES = "_frames"            # video: sampled frames, list of (H, W, 3) uint8 RGB arrays
-
-RESERVED = frozenset(
-    {KEY, PARTITION_ID, SOURCE_URI, STATUS, REJECT_REASON, ERROR, WIDTH, HEIGHT, MIME,
-     SHA256, PHASH, IMAGE, CAPTION, TEXT_EMBEDDING, IMAGE_EMBEDDING, CLIP_SCORE,
-     GENERATED_CAPTION, "format", "n_frames", "is_animated",
-     "has_alpha", "caption_flags", "duplicate_of", "duplicate_hamming", "image_width",
-     "image_height", "metadata_json", "duration_s", "fps", "frame_count",
-     "frame_timestamps_s", "partial", "rotation_deg", "video_codec", "decode_errors", "frames",
-     "frame_embeddings"}
-)
 
 
 def partition_name(index: int) -> str:
@@ -120,19 +98,3 @@ class Partition:
     def rows_planned(self) -> int:
         """Records the partition is planned to yield (manifest rows or media files)."""
         return sum(i.row_stop - i.row_start if i.row_start >= 0 else 1 for i in self.inputs)
-
-
-@dataclasses.dataclass(frozen=True)
-class WriteResult:
-    """What a ``Datasink`` wrote for one partition attempt.
-
-    ``files`` are URIs relative to the output root; ``rows_by_status`` maps status to row
-    count; ``bytes_written`` is the total size in bytes; ``sha256`` maps file to checksum.
-    """
-
-    files: tuple[str, ...]
-    rows: int
-    rows_by_status: dict[str, int]
-    rows_by_reason: dict[str, int]
-    bytes_written: int
-    sha256: dict[str, str]

@@ -2,14 +2,12 @@
 
 ``load_spec(path, overrides)`` reads, overrides and validates a spec; a bad spec raises
 ``SpecError`` naming the dotted field and the bad value before anything runs.
-``fingerprint(spec)`` hashes the fields that affect output; it goes into every commit
-marker, so a marker written under another spec is not "done" for this one.
+The fingerprint of a spec is computed from the assembled pipeline
+(``pipeline.assembly``): each part declares which of its settings change output rows.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -220,8 +218,8 @@ class ModelServingSpec(_Strict):
     """How a model step is served: ModelActor replicas, resources, batching, precision.
 
     Only ``dtype`` (and each section's own model fields) affect the output; the serving
-    fields in ``SERVING_FIELDS`` are left out of the spec fingerprint, so scaling a pool
-    out does not invalidate committed partitions.
+    fields in ``SERVING_FIELDS`` are left out of the fingerprint (``steps.model.ModelStep
+    .settings``), so scaling a pool out does not invalidate committed partitions.
     """
 
     batch_size: int = Field(64, ge=1, description="Most rows per forward pass; an actor "
@@ -357,26 +355,7 @@ class JobSpec(_Strict):
         return self
 
 
-_OUTPUT_SECTIONS = ("source", "captions", "decode", "video", "resize", "filters", "dedup", "text_embedding",
-                    "image_embedding", "captioning")
 MODEL_SECTIONS = ("text_embedding", "image_embedding", "captioning")
-
-
-def fingerprint(spec: JobSpec) -> str:
-    """Return a 16-hex-digit sha256 of every field that affects the output rows.
-
-    Runtime settings, the sink location, the job name and the model serving fields
-    (``SERVING_FIELDS``: replicas, resources, batching) are excluded; a disabled model
-    section counts as ``{"enabled": false}`` whatever its other fields.
-    """
-    dumped = spec.model_dump(mode="json")
-    payload = {k: dumped[k] for k in _OUTPUT_SECTIONS}
-    for section in MODEL_SECTIONS:
-        payload[section] = ({k: v for k, v in payload[section].items() if k not in SERVING_FIELDS}
-                            if payload[section]["enabled"] else {"enabled": False})
-    payload["sink"] = spec.sink.model_dump(mode="json", exclude={"uri"})
-    blob = json.dumps(payload, sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def apply_override(data: dict[str, Any], dotted: str, raw_value: str) -> None:

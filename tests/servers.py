@@ -1,5 +1,5 @@
 """A fault-injecting HTTP proxy for tests, in front of the local SeaweedFS
-(``pipeline.devtools.seaweedfs.SeaweedS3``, re-exported here).
+(``pipeline.testing.seaweedfs.SeaweedS3``, re-exported here).
 
 ``FaultProxy`` sits in front of it and, for a configured fraction of requests, answers
 ``503 SlowDown``, resets the connection before forwarding, drops the response after the
@@ -13,7 +13,7 @@ import random
 import socket
 import threading
 
-from pipeline.devtools.seaweedfs import SeaweedS3, free_port  # noqa: F401
+from pipeline.testing.seaweedfs import SeaweedS3, free_port  # noqa: F401
 
 
 class FaultProxy:

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from pipeline.errors import SpecError
-from pipeline.spec import fingerprint, load_spec
+from pipeline.assembly import fingerprint
+from pipeline.spec import load_spec
 from tests.conftest import REPO
 
 QUICKSTART = REPO / "examples" / "quickstart.yaml"

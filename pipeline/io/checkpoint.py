@@ -1,26 +1,82 @@
-"""``CheckpointStore``: commit markers in the output store (DESIGN.md commit protocol).
+"""Commit markers: the typed ``CommitMarker`` and the ``CheckpointStore`` (DESIGN.md
+commit protocol).
 
 A partition is done when ``_checkpoints/<pid>.json`` exists. The marker is created
 exclusively (local: ``os.link``; object stores: conditional PUT), so of two attempts of
-one partition exactly one commits; the loser deletes its own files.
+one partition exactly one commits; the loser deletes its own files. Markers are
+versioned (``MARKER_VERSION``); a version-1 marker (written before the version field
+existed) parses with the fields it has.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import posixpath
 import time
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from pipeline.errors import CommitError
 from pipeline.io import fs
+from pipeline.io.layout import OutputLayout
+from pipeline.records import Status
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "_checkpoints"
-FAILURE_DIR = "_failures"
-SUCCESS_FILE = "_SUCCESS"
+MARKER_VERSION = 2
+
+
+class CommitMarker(BaseModel):
+    """What one committed attempt of a partition wrote (``_checkpoints/<pid>.json``).
+
+    ``files``: output files relative to the output root (data, quarantine, WebDataset
+    shards), each with its ``sha256`` (hex, computed while streaming). ``rows_in`` equals
+    the sum of ``rows_by_status`` (``ok``/``rejected``/``error``); ``rows_by_reason`` is
+    keyed ``"<status>:<reason>"``. ``rows_planned``: records the plan expected (None for
+    WebDataset, whose samples are known only once read). ``bytes_written``: bytes of all
+    ``files``. Times are Unix seconds; ``duration_s`` seconds. ``retried_requests`` /
+    ``throttled_requests``: storage requests this attempt retried / was throttled on.
+    ``downloads``: HTTP counters (URL manifests). ``settings``: the output-affecting
+    settings the ``fingerprint`` hashes, so a refused resume can say what changed.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: int = 1
+    partition_id: str
+    attempt_id: str
+    fingerprint: str
+    files: list[str]
+    sha256: dict[str, str] = Field(default_factory=dict)
+    rows_in: int
+    rows_planned: int | None = None
+    rows_by_status: dict[str, int]
+    rows_by_reason: dict[str, int] = Field(default_factory=dict)
+    bytes_written: int = 0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    duration_s: float = 0.0
+    mmpipe_version: str = ""
+    ran_on: dict[str, str] = Field(default_factory=dict)
+    retried_requests: int = 0
+    throttled_requests: int = 0
+    downloads: dict[str, int] = Field(default_factory=dict)
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        """The marker file's bytes (sorted keys, every status present)."""
+        data = self.model_dump(mode="json")
+        data["rows_by_status"] = {s.value: self.rows_by_status.get(s.value, 0) for s in Status}
+        return json.dumps(data, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def parse(cls, blob: bytes | str, where: str = "") -> "CommitMarker":
+        """Parse a marker file. Raises ``CommitError`` naming ``where`` if it is not one."""
+        try:
+            return cls.model_validate_json(blob)
+        except ValueError as e:
+            raise CommitError(f"unreadable commit marker {where}: {e}") from e
 
 
 class CheckpointStore:
@@ -28,89 +84,87 @@ class CheckpointStore:
 
     def __init__(self, output_uri: str):
         self.output_uri = output_uri
+        self.layout = OutputLayout(output_uri)
 
-    def marker_uri(self, partition_id: str) -> str:
-        """URI of the marker of ``partition_id``."""
-        return fs.join(self.output_uri, CHECKPOINT_DIR, f"{partition_id}.json")
-
-    def commit(self, partition_id: str, marker: dict[str, Any]) -> bool:
+    def commit(self, marker: CommitMarker) -> bool:
         """Create the marker; return False if another attempt committed first.
 
         Raises ``CommitError`` if the store fails (not if the marker exists).
         """
-        blob = json.dumps(marker, indent=1, sort_keys=True).encode()
-        uri = self.marker_uri(partition_id)
+        uri = self.layout.marker(marker.partition_id)
         try:
-            if fs.create_exclusive(uri, blob):
+            if fs.create_exclusive(uri, marker.to_json()):
                 return True
             # 412: a marker exists. It may be our own, if the store applied an earlier try
             # of this request but its response was lost and the retry saw the result.
-            existing = json.loads(fs.read_bytes(uri))
-        except (OSError, ValueError) as e:
-            raise CommitError(f"cannot write marker for {partition_id} in {self.output_uri}: {e}") from e
-        return existing.get("attempt_id") == marker["attempt_id"]
+            existing = CommitMarker.parse(fs.read_bytes(uri), uri)
+        except OSError as e:
+            raise CommitError(f"cannot write marker for {marker.partition_id} in "
+                              f"{self.output_uri}: {e}") from e
+        return existing.attempt_id == marker.attempt_id
 
-    def marker(self, partition_id: str) -> dict[str, Any] | None:
+    def marker(self, partition_id: str) -> CommitMarker | None:
         """The marker of one partition, or None if it is not committed."""
+        uri = self.layout.marker(partition_id)
         try:
-            return json.loads(fs.read_bytes(self.marker_uri(partition_id)))
+            return CommitMarker.parse(fs.read_bytes(uri), uri)
         except FileNotFoundError:
             return None
 
-    def markers(self) -> dict[str, dict[str, Any]]:
-        """All markers, keyed by partition id (one listing, one read per marker)."""
+    def markers(self) -> dict[str, CommitMarker]:
+        """All markers, keyed by partition id (one listing, one read per marker).
+        Raises ``CommitError`` for a marker that cannot be read or parsed."""
         out = {}
-        for entry in fs.list_files(fs.join(self.output_uri, CHECKPOINT_DIR)):
-            uri = entry.uri
-            name = posixpath.basename(uri)
-            if not name.endswith(".json") or ".tmp-" in name:
+        for entry in fs.list_files(self.layout.checkpoints):
+            pid = OutputLayout.partition_of_json(entry.uri)
+            if pid is None:
                 continue
             try:
-                out[name[:-len(".json")]] = json.loads(fs.read_bytes(uri))
-            except (OSError, ValueError) as e:
-                raise CommitError(f"unreadable commit marker {uri}: {e}") from e
+                out[pid] = CommitMarker.parse(fs.read_bytes(entry.uri), entry.uri)
+            except OSError as e:
+                raise CommitError(f"unreadable commit marker {entry.uri}: {e}") from e
         return out
 
-    def committed(self, fingerprint: str) -> tuple[dict[str, dict], dict[str, dict]]:
+    def committed(self, fingerprint: str) -> tuple[dict[str, CommitMarker],
+                                                   dict[str, CommitMarker]]:
         """Split markers into ``(matching, foreign)`` by spec fingerprint."""
         matching, foreign = {}, {}
         for pid, m in self.markers().items():
-            (matching if m.get("fingerprint") == fingerprint else foreign)[pid] = m
+            (matching if m.fingerprint == fingerprint else foreign)[pid] = m
         return matching, foreign
 
     def record_failure(self, partition_id: str, info: dict[str, Any]) -> None:
         """Write ``_failures/<pid>.json`` (the last error, attempts) for a failed partition."""
-        fs.write_bytes(fs.join(self.output_uri, FAILURE_DIR, f"{partition_id}.json"),
+        fs.write_bytes(self.layout.failure(partition_id),
                        json.dumps(info, indent=1, sort_keys=True).encode())
 
     def failures(self) -> dict[str, dict[str, Any]]:
         """Failure records of partitions that have no commit marker (yet)."""
         done = set(self.markers())
         out = {}
-        for entry in fs.list_files(fs.join(self.output_uri, FAILURE_DIR)):
-            pid = posixpath.basename(entry.uri).removesuffix(".json")
-            if pid not in done:
+        for entry in fs.list_files(self.layout.failures):
+            pid = OutputLayout.partition_of_json(entry.uri)
+            if pid is not None and pid not in done:
                 out[pid] = json.loads(fs.read_bytes(entry.uri))
         return out
 
     def write_success(self, report: dict[str, Any]) -> None:
         """Write ``_SUCCESS`` holding the job report (JSON)."""
-        fs.write_bytes(fs.join(self.output_uri, SUCCESS_FILE),
-                       json.dumps(report, indent=1, sort_keys=True).encode())
+        fs.write_bytes(self.layout.success, json.dumps(report, indent=1, sort_keys=True).encode())
 
 
 def unreferenced_files(output_uri: str, min_age_s: float = 0.0) -> list[str]:
-    """URIs under ``data/``, ``quarantine/`` and ``wds/`` that no commit marker names: the
-    files of failed, lost or zombie attempts - and of attempts still running, so only
-    files last modified at least ``min_age_s`` seconds ago are returned (a file without
-    a modification time counts as old)."""
-    output_uri = fs.normalize(output_uri)  # listings give absolute paths: compare like with like
-    named = {fs.join(output_uri, f) for m in CheckpointStore(output_uri).markers().values()
-             for f in m.get("files", [])}
+    """URIs under the attempt roots (``data/``, ``quarantine/``, ``wds/``) that no commit
+    marker names: the files of failed, lost or zombie attempts - and of attempts still
+    running, so only files last modified at least ``min_age_s`` seconds ago are returned
+    (a file without a modification time counts as old)."""
+    layout = OutputLayout(output_uri)  # normalised: listings give absolute paths
+    named = {layout.uri(f) for m in CheckpointStore(output_uri).markers().values()
+             for f in m.files}
     cutoff = time.time() - min_age_s
     out = []
-    for top in ("data", "quarantine", "wds"):
-        out += [e.uri for e in fs.list_files(fs.join(output_uri, top))
+    for top in layout.attempt_roots():
+        out += [e.uri for e in fs.list_files(top)
                 if e.uri not in named and (e.mtime_s is None or e.mtime_s <= cutoff)]
     return out
 
@@ -118,7 +172,19 @@ def unreferenced_files(output_uri: str, min_age_s: float = 0.0) -> list[str]:
 def committed_files(output_uri: str) -> list[str]:
     """URIs of the Parquet data files named by commit markers (what readers should trust);
     WebDataset shards are named by the markers too, under ``wds/``."""
-    output_uri = fs.normalize(output_uri)
+    layout = OutputLayout(output_uri)
     store = CheckpointStore(output_uri)
-    return [fs.join(output_uri, f) for pid, m in sorted(store.markers().items())
-            for f in m.get("files", []) if f.startswith("data/")]
+    return [layout.uri(f) for pid, m in sorted(store.markers().items())
+            for f in m.files if layout.is_data_file(f)]
+
+
+def read_committed(output_uri: str, columns: list[str] | None = None):
+    """The committed output as one ``pyarrow.Table`` (only files named by markers, in
+    partition order; ``columns``: a subset). The one reader of committed output used by
+    tests, benchmarks, examples and the README."""
+    import pyarrow.parquet as pq
+
+    files = committed_files(output_uri)
+    fsys, _ = fs.resolve(files[0] if files else output_uri)
+    paths = [fs.resolve(f)[1] for f in files]
+    return pq.ParquetDataset(paths, filesystem=fsys).read(columns=columns)

@@ -8,6 +8,7 @@ by commit markers. Only ``pipeline.io.s3`` knows ``s3://`` specifics.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import dataclasses
 import os
 import shutil
@@ -139,6 +140,52 @@ def spooled(data: bytes, temp_dir: str | None = None, suffix: str = ""):
         with open(local, "wb") as f:
             f.write(data)
     return _temp_file(temp_dir, suffix, write)
+
+
+class HashingOutput:
+    """A file-like output stream to ``uri`` that counts (``size``, bytes) and hashes
+    (``sha256``, hex) what is written through it, so a datasink knows its files'
+    checksums without reading them back. Local parent directories are created.
+
+    Writes are not retried (a stream cannot be replayed): a storage error propagates as
+    ``OSError``/``StorageError`` and the caller aborts the attempt. After ``discard()``
+    writes go nowhere (a writer's final flush during an abort).
+    """
+
+    def __init__(self, uri: str):
+        fsys, path = resolve(uri)
+        if is_local(uri):
+            fsys.create_dir(posixpath.dirname(path), recursive=True)
+        self._stream = fsys.open_output_stream(path)
+        self._sha = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+        self._discard = False
+
+    def write(self, data) -> int:
+        if not self._discard:
+            self._stream.write(data)
+            self._sha.update(data)
+            self.size += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        """Nothing to do: the underlying stream buffers and uploads by itself."""
+
+    def discard(self) -> None:
+        self._discard = True
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._stream.close()
+
+    @property
+    def sha256(self) -> str:
+        return self._sha.hexdigest()
 
 
 def write_bytes(uri: str, data: bytes) -> None:

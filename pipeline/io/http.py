@@ -1,8 +1,7 @@
 """HTTP(S) download of manifest URLs, following img2dataset's conventions.
 
-``HttpFetcher.fetch(url)`` returns ``(body, None)`` or ``(None, error text)`` and never
-raises for a per-URL problem. The error text starts with the ``ErrorReason`` value:
-``failed_to_download`` (img2dataset's status name for any download failure: HTTP error
+``HttpFetcher.fetch(url)`` returns ``(body, None)`` or ``(None, RowError)`` and never
+raises for a per-URL problem. The error's reason is ``failed_to_download`` (img2dataset's status name for any download failure: HTTP error
 status, timeout, connection error, truncated body, opted out by ``X-Robots-Tag``,
 unsupported scheme) or ``too_large`` (the body is over ``max_bytes``).
 
@@ -38,11 +37,8 @@ import urllib3
 from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
-from pipeline.records import ErrorReason
+from pipeline.records import ErrorReason, RowError
 from pipeline.spec import DownloadSpec
-
-FAILED = ErrorReason.FAILED_TO_DOWNLOAD.value
-TOO_LARGE = ErrorReason.TOO_LARGE.value
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 RETRY_AFTER_MAX_S = 30.0   # longest Retry-After honoured (seconds); a larger value is capped
@@ -202,17 +198,18 @@ class HttpFetcher:
                 sem = self._hosts[host] = threading.BoundedSemaphore(self.spec.max_per_host)
             return sem
 
-    def _fail(self, kind: str, url: str, text: str) -> tuple[None, str]:
+    def _fail(self, kind: str, url: str, text: str) -> tuple[None, RowError]:
         self._count(f"failed:{kind}")
-        return None, f"{FAILED}: {url}: {text}"
+        return None, RowError(ErrorReason.FAILED_TO_DOWNLOAD, f"{url}: {text}")
 
-    def _too_large(self, text: str) -> tuple[None, str]:
+    def _too_large(self, text: str) -> tuple[None, RowError]:
         self._count("failed:too_large")
-        return None, f"{TOO_LARGE}: {text}"
+        return None, RowError(ErrorReason.TOO_LARGE, text)
 
-    def fetch(self, url: str) -> tuple[bytes | None, str | None]:
-        """Download ``url``: ``(body, None)``, or ``(None, error text)``; never raises for a
-        per-URL problem (bad URL, network, HTTP status, size, opt-out)."""
+    def fetch(self, url: str) -> tuple[bytes | None, RowError | None]:
+        """Download ``url``: ``(body, None)``, or ``(None, RowError)`` (reason
+        ``failed_to_download`` or ``too_large``); never raises for a per-URL problem (bad
+        URL, network, HTTP status, size, opt-out)."""
         self._count("fetches")
         try:
             parts = urlsplit(url)
@@ -230,7 +227,7 @@ class HttpFetcher:
             except Exception as e:  # noqa: BLE001 - a per-URL failure is this row's error
                 return self._classify(url, e, None)
 
-    def _fetch(self, url: str) -> tuple[bytes | None, str | None]:
+    def _fetch(self, url: str) -> tuple[bytes | None, RowError | None]:
         self._count("requests")
         timeout = (self.spec.timeout_s, self.spec.timeout_s)
         deadline = time.monotonic() + self.spec.max_time_s
@@ -284,7 +281,7 @@ class HttpFetcher:
         return n if n >= 0 else None
 
     def _classify(self, url: str, exc: BaseException,
-                  reading: tuple[requests.Response, int | None] | None) -> tuple[None, str]:
+                  reading: tuple[requests.Response, int | None] | None) -> tuple[None, RowError]:
         """Turn an exception from ``requests``/urllib3 into a ``failed_to_download`` text."""
         chain = _chain(exc)
         t = self.spec.timeout_s

@@ -23,13 +23,12 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import PlanError
 from pipeline.io import fs
+from pipeline.io.layout import OutputLayout
 from pipeline.records import InputItem, Partition, partition_name
 from pipeline.spec import SourceSpec
 
 log = logging.getLogger(__name__)
 
-PLAN_FILE = "_plan/plan.parquet"
-INDEX_FILE = "_plan/partitions.parquet"
 ROWS_PER_ROW_GROUP = 65_536
 _SCHEMA = pa.schema([("partition_id", pa.string()), ("uri", pa.string()),
                      ("size_bytes", pa.int64()), ("caption_uri", pa.string()),
@@ -129,7 +128,7 @@ def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec) ->
     rows: list[int] = []
     n_inputs: list[int] = []
     buffer: dict[str, list] = {n: [] for n in _SCHEMA.names}
-    writer = _writer(fs.join(output_uri, PLAN_FILE), _SCHEMA)
+    writer = _writer(OutputLayout(output_uri).plan, _SCHEMA)
     try:
         for part in pack((listing.add(i) for i in items), partition_size(spec)):
             ids.append(part.partition_id)
@@ -152,7 +151,7 @@ def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec) ->
                                        "source_sha256": plan.source_sha256})
     finally:
         writer.close()
-    index = _writer(fs.join(output_uri, INDEX_FILE), _INDEX_SCHEMA)
+    index = _writer(OutputLayout(output_uri).plan_index, _INDEX_SCHEMA)
     index.write_table(pa.table({"partition_id": ids, "rows_planned": rows, "inputs": n_inputs},
                                schema=_INDEX_SCHEMA))
     index.close()
@@ -160,18 +159,18 @@ def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec) ->
 
 
 def _resolved(output_uri: str) -> tuple[str, object]:
-    fsys, path = fs.resolve(fs.join(output_uri, PLAN_FILE))
+    fsys, path = fs.resolve(OutputLayout(output_uri).plan)
     return path, fsys
 
 
 def read_plan(output_uri: str) -> PartitionPlan | None:
     """Read the stored plan's index and hashes, or return None if there is none."""
-    if fs.file_size(fs.join(output_uri, INDEX_FILE)) is None:
+    if fs.file_size(OutputLayout(output_uri).plan_index) is None:
         return None
     path, fsys = _resolved(output_uri)
     meta = fs.with_retries(output_uri, "read plan", lambda: pq.read_metadata(path, filesystem=fsys))
     kv = meta.metadata or {}
-    ipath = fs.resolve(fs.join(output_uri, INDEX_FILE))
+    ipath = fs.resolve(OutputLayout(output_uri).plan_index)
     index = fs.with_retries(output_uri, "read plan",
                             lambda: pq.read_table(ipath[1], filesystem=ipath[0]))
     return PartitionPlan(output_uri, tuple(index.column("partition_id").to_pylist()),

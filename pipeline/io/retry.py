@@ -14,11 +14,12 @@ congestion control). Throttled requests are counted per process (``throttled_req
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from pipeline.errors import MmpipeError
@@ -123,8 +124,22 @@ class RetryPolicy:
         self.max_concurrency = max_concurrency_per_prefix
         self.limiters: dict[str, AimdLimiter] = {}
         self.lock = threading.Lock()
-        self.throttled_requests = 0
+        self.throttled_requests = 0  # this process's totals (tests, logs)
         self.retried_requests = 0
+        self.observers: list = []  # e.g. an attempt's AttemptStats, while it runs
+
+    @contextlib.contextmanager
+    def observe(self, observer) -> Iterator[None]:
+        """Report every retry to ``observer.storage_retry(throttled: bool)`` while the
+        block runs (a worker runs one partition attempt at a time, so its attempt's
+        statistics see exactly its own retries)."""
+        with self.lock:
+            self.observers.append(observer)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.observers.remove(observer)
 
     def limiter(self, prefix: str) -> AimdLimiter:
         with self.lock:
@@ -154,6 +169,9 @@ class RetryPolicy:
                     self.retried_requests += 1
                     if kind == "throttle":
                         self.throttled_requests += 1
+                    observers = list(self.observers)
+                for observer in observers:
+                    observer.storage_retry(kind == "throttle")
                 if kind == "throttle" and limiter is not None:
                     limiter.on_throttle()
                 if attempt == self.max_attempts:

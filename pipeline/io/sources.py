@@ -1,20 +1,26 @@
-"""Datasources: list the input, plan it into fixed partitions, read one partition.
+"""Datasources: list the input for planning, and read one partition as batches.
 
 ``FilesDatasource``: media files under a prefix, each with an optional sidecar caption of
 the same stem (``.txt``: the caption; ``.json``: an object whose ``caption_column`` key is
 the caption and whose other keys go to ``metadata_json``) - the WebDataset/img2dataset
 convention. ``ManifestDatasource``: Parquet/CSV/JSONL rows that name the media by ``url``
-(http(s) URLs are downloaded by ``pipeline.io.http``) or ``path``; other columns are
-carried to the output. ``WebDatasetDatasource``: ``.tar`` shards, a partition being
-whole shards, samples grouped by key (``pipeline.io.webdataset``).
+(http(s) URLs are downloaded) or ``path``; other columns are carried to the output.
+``WebDatasetDatasource``: ``.tar`` shards, a partition being whole shards, samples grouped
+by key (``pipeline.io.webdataset``).
 
-``read_batches`` yields batches (dicts of equal-length lists) with the columns ``key``,
-``source_uri``, ``_source_bytes`` (bytes or None), ``_raw_caption`` (any JSON value or
-bytes), ``error`` (a read error, else None) and the carried columns. For
-``source.media: video`` the media are not read into memory: each batch also has
-``_source_path``, a local file per row (a local input as is; an object-store object or
-downloaded/tar-member bytes in a temporary file that is deleted when the next batch is
-requested, so disk use is one batch of videos).
+Three pieces, as Ray Data splits them: ``list_inputs`` enumerates the input (the planner,
+``pipeline.io.plan``, cuts it into partitions); ``read_partition`` reads one partition;
+a ``Fetcher`` (``pipeline.io.fetch``), one per partition read and closed when it ends,
+gets the bytes (local, object store, HTTP) and stages local files.
+
+``read_partition`` yields batches with the columns ``key``, ``source_uri``,
+``_source_bytes`` (bytes or None), ``_raw_caption`` (any JSON value or bytes),
+``_read_error`` (a ``RowError``, else None) and the datasource's own columns
+(``metadata_json``, or a manifest's carried columns). For ``source.media: video`` the
+media are not read into memory: each batch also has ``_source_path``, a local file per row
+(a local input as is; an object-store object or downloaded/tar-member bytes in a
+temporary file that is deleted when the next batch is requested, so disk use is one batch
+of videos).
 """
 
 from __future__ import annotations
@@ -29,11 +35,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.columns import (KEY, METADATA_JSON, RAW_CAPTION, READ_ERROR, RESERVED, SOURCE_BYTES,
+                              SOURCE_PATH, SOURCE_URI, Batch)
 from pipeline.errors import PartitionError, PlanError
 from pipeline.io import fs, manifest, webdataset
-from pipeline.io.http import HttpFetcher
-from pipeline.records import (ERROR, KEY, RAW_CAPTION, RESERVED, SOURCE_BYTES, SOURCE_PATH,
-                              SOURCE_URI, Batch, ErrorReason, InputItem, Partition)
+from pipeline.io.fetch import Fetcher, is_url, too_large
+from pipeline.io.stats import AttemptStats
+from pipeline.records import ErrorReason, InputItem, Partition, RowError
 from pipeline.spec import DecodeSpec, DownloadSpec, SourceSpec, VideoSpec
 
 log = logging.getLogger(__name__)
@@ -42,12 +50,15 @@ SIDECAR_EXTENSIONS = (".txt", ".json")
 
 
 class Datasource:
-    """Base of the datasources: ``list_inputs`` (planning) and ``read_batches`` (workers).
+    """Base of the datasources.
 
-    Subclasses implement ``list_inputs``, ``extra_fields`` and ``_read`` (batches with
-    ``_source_bytes`` or, for video files read in place, ``None``); ``read_batches`` adds
-    ``_source_path`` for video.
+    Subclasses implement ``list_inputs`` and ``_read`` (batches with ``_source_bytes``
+    or, for video read in place, None), and may override ``extra_fields`` (carried
+    columns). ``writes``: the declared columns its batches carry; ``settings()``: what
+    changes its rows (hashed into the fingerprint).
     """
+
+    writes: tuple[str, ...] = (KEY, SOURCE_URI, SOURCE_BYTES, RAW_CAPTION, READ_ERROR)
 
     def __init__(self, spec: SourceSpec, decode: DecodeSpec, download: DownloadSpec | None = None,
                  video: VideoSpec | None = None):
@@ -56,107 +67,70 @@ class Datasource:
         self.download = download or DownloadSpec()
         self.temp_dir = (video or VideoSpec()).temp_dir
         self.video = spec.media == "video"
-        self._http: HttpFetcher | None = None
-        self._download_pool: ThreadPoolExecutor | None = None
+        if self.video:
+            self.writes = self.writes + (SOURCE_PATH,)
+
+    def settings(self) -> dict[str, Any]:
+        """The source spec and ``decode.max_bytes`` (records over it are errors)."""
+        return {"source": self.spec.model_dump(mode="json"), "max_bytes": self.max_bytes}
 
     def list_inputs(self) -> Iterator[InputItem]:
         """Yield every input item in a deterministic order. Raises ``PlanError``."""
         raise NotImplementedError
 
     def extra_fields(self, partition: Partition) -> list[pa.Field]:
-        """Arrow fields of the carried columns this partition's batches contain."""
-        raise NotImplementedError
+        """Arrow fields of carried (undeclared, per-input) columns; default none."""
+        return []
 
-    def read_batches(self, partition: Partition, batch_size: int,
-                     pool: ThreadPoolExecutor) -> Iterator[Batch]:
+    def read_partition(self, partition: Partition, batch_size: int, pool: ThreadPoolExecutor,
+                       stats: AttemptStats | None = None) -> Iterator[Batch]:
         """Yield the partition's records as batches of at most ``batch_size`` rows.
 
-        Video: a batch's staged files live until the next batch is requested (or the
-        generator is closed). Raises ``PartitionError`` for an unreadable partition input
-        (e.g. a corrupt manifest); a bad record is a row with ``error`` instead.
+        A ``Fetcher`` is made for this read and closed when it ends (also on error or
+        when the generator is closed); its download counters go to ``stats``. Video: a
+        batch's staged files live until the next batch is requested. Raises
+        ``PartitionError`` for an unreadable partition input (e.g. a corrupt manifest); a
+        bad record is a row with ``_read_error`` instead.
         """
-        for batch in self._read(partition, batch_size, pool):
-            if not self.video:
-                yield batch
-                continue
-            with contextlib.ExitStack() as stack:
-                batch[SOURCE_PATH] = list(pool.map(
-                    lambda i: self._local_path(batch, i, stack), range(len(batch[KEY]))))
-                yield batch
+        fetcher = Fetcher(self.max_bytes, self.download, self.temp_dir, self.video)
+        try:
+            for batch in self._read(partition, batch_size, pool, fetcher):
+                if not self.video:
+                    yield batch
+                    continue
+                with contextlib.ExitStack() as stack:
+                    self._stage(batch, fetcher, pool, stack)
+                    yield batch
+        finally:
+            if stats is not None:
+                stats.add_downloads(fetcher.stats())
+            fetcher.close()
 
-    def _read(self, partition: Partition, batch_size: int,
-              pool: ThreadPoolExecutor) -> Iterator[Batch]:
+    def _read(self, partition: Partition, batch_size: int, pool: ThreadPoolExecutor,
+              fetcher: Fetcher) -> Iterator[Batch]:
         raise NotImplementedError
 
-    def _local_path(self, batch: Batch, i: int, stack: contextlib.ExitStack) -> str | None:
-        """A local file holding row ``i``'s media (registered on ``stack`` for deletion)."""
-        if batch[ERROR][i]:
-            return None
-        data = batch[SOURCE_BYTES][i]
-        uri = batch[SOURCE_URI][i]
-        try:
-            if data is None:
-                return stack.enter_context(fs.staged(uri, self.temp_dir))
-            suffix = posixpath.splitext(uri.split("#")[-1])[1][:8]
-            path = stack.enter_context(fs.spooled(data, self.temp_dir, suffix))
-            batch[SOURCE_BYTES][i] = None  # the file holds them now
-            return path
-        except Exception as e:  # noqa: BLE001 - a staging failure is this record's error
-            batch[ERROR][i] = f"{ErrorReason.READ_FAILED.value}: {uri}: {e}"
-            return None
-
-    def download_stats(self) -> dict[str, int]:
-        """This process's HTTP counters so far (``HttpFetcher.stats``: fetches, requests,
-        retries, ok, bytes, ``failed:<kind>``); empty if nothing was downloaded."""
-        return self._http.stats if self._http is not None else {}
-
-    def _downloads(self) -> ThreadPoolExecutor:
-        """The HTTP fetcher's thread pool (``download.threads``), made on first use."""
-        if self._http is None:
-            self._http = HttpFetcher(self.download, self.max_bytes)
-            self._download_pool = ThreadPoolExecutor(self.download.threads,
-                                                     thread_name_prefix="mmpipe-download")
-        return self._download_pool
-
-    def _fetch(self, uri: str, size_bytes: int | None) -> tuple[bytes | None, str | None]:
-        """Read one media object; return ``(bytes, None)`` or ``(None, error text)``.
-
-        ``size_bytes``: the listed size, checked against ``decode.max_bytes`` before
-        reading, or None if unknown (then checked after). http(s) URLs go through
-        ``HttpFetcher`` (which stops reading past ``max_bytes``). Video files from a
-        local path or object store are not read here (``(None, None)``): they are staged
-        to a local file by ``read_batches``.
-        """
-        if size_bytes is not None and size_bytes > self.max_bytes:
-            return None, _too_large(size_bytes, self.max_bytes)
-        if _is_url(uri):
-            return self._http.fetch(uri)
-        try:
-            if self.video:
-                size_bytes = fs.file_size(uri) if size_bytes is None else size_bytes
-                if size_bytes is None:
-                    raise FileNotFoundError(uri)
-                if size_bytes > self.max_bytes:
-                    return None, _too_large(size_bytes, self.max_bytes)
+    @staticmethod
+    def _stage(batch: Batch, fetcher: Fetcher, pool: ThreadPoolExecutor,
+               stack: contextlib.ExitStack) -> None:
+        """Set ``_source_path`` for every row without a read error (bytes in memory are
+        moved to the staged file)."""
+        def one(i: int) -> tuple[str | None, RowError | None]:
+            if batch[READ_ERROR][i] is not None:
                 return None, None
-            data = fs.read_bytes(uri)
-        except Exception as e:  # noqa: BLE001 - a read failure is this record's error
-            return None, f"{ErrorReason.READ_FAILED.value}: {uri}: {e}"
-        if len(data) > self.max_bytes:
-            return None, _too_large(len(data), self.max_bytes)
-        return data, None
-
-
-def _is_url(uri: str | None) -> bool:
-    return bool(uri) and uri.startswith(("http://", "https://"))
-
-
-def _too_large(size_bytes: int, max_bytes: int) -> str:
-    return f"{ErrorReason.TOO_LARGE.value}: {size_bytes} bytes > max_bytes {max_bytes}"
+            return fetcher.stage(batch[SOURCE_URI][i], batch[SOURCE_BYTES][i], stack)
+        staged = list(pool.map(one, range(len(batch[KEY]))))
+        batch[SOURCE_PATH] = [path for path, _ in staged]
+        for i, (path, error) in enumerate(staged):
+            batch[SOURCE_BYTES][i] = None  # the file holds them now
+            if error is not None:
+                batch[READ_ERROR][i] = error
 
 
 class FilesDatasource(Datasource):
     """Media files under ``spec.uri`` with sidecar captions of the same stem."""
+
+    writes = Datasource.writes + (METADATA_JSON,)
 
     def list_inputs(self) -> Iterator[InputItem]:
         """Stream the sorted listing, pairing each media file with its sidecar.
@@ -190,20 +164,17 @@ class FilesDatasource(Datasource):
         if not found:
             raise PlanError(f"source.uri {self.spec.uri!r}: no files with extensions {list(exts)}")
 
-    def extra_fields(self, partition: Partition) -> list[pa.Field]:
-        return [pa.field("metadata_json", pa.string())]
-
-    def _read(self, partition, batch_size, pool):
+    def _read(self, partition, batch_size, pool, fetcher):
         root = fs.normalize(self.spec.uri)
         for start in range(0, len(partition.inputs), batch_size):
             items = partition.inputs[start:start + batch_size]
-            rows = list(pool.map(self._read_item, items))
+            rows = list(pool.map(lambda item: self._read_item(item, fetcher), items))
             batch: Batch = {k: [r[k] for r in rows] for k in rows[0]}
             batch[KEY] = [_key_from_uri(i.uri, root) for i in items]
             yield batch
 
-    def _read_item(self, item: InputItem) -> dict[str, Any]:
-        data, error = self._fetch(item.uri, item.size_bytes)
+    def _read_item(self, item: InputItem, fetcher: Fetcher) -> dict[str, Any]:
+        data, error = fetcher.fetch(item.uri, item.size_bytes)
         caption, meta = None, None
         if item.caption_uri:
             try:
@@ -213,9 +184,9 @@ class FilesDatasource(Datasource):
                 else:
                     caption = raw
             except Exception as e:  # noqa: BLE001 - a bad sidecar is this record's error
-                error = error or f"{ErrorReason.READ_FAILED.value}: {item.caption_uri}: {e}"
-        return {SOURCE_URI: item.uri, SOURCE_BYTES: data, RAW_CAPTION: caption, ERROR: error,
-                "metadata_json": meta}
+                error = error or RowError(ErrorReason.READ_FAILED, f"{item.caption_uri}: {e}")
+        return {SOURCE_URI: item.uri, SOURCE_BYTES: data, RAW_CAPTION: caption,
+                READ_ERROR: error, METADATA_JSON: meta}
 
 
 class ManifestDatasource(Datasource):
@@ -260,7 +231,13 @@ class ManifestDatasource(Datasource):
         raise PartitionError(f"manifest has neither a 'url' nor a 'path' column "
                              f"(columns: {schema.names}); set source.path_column")
 
-    def _read(self, partition, batch_size, pool):
+    def settings(self) -> dict[str, Any]:
+        """Also the download settings that change which rows fail (not threads or
+        max_per_host: how fast, not what)."""
+        return dict(super().settings(), download=self.download.model_dump(
+            mode="json", exclude={"threads", "max_per_host"}))
+
+    def _read(self, partition, batch_size, pool, fetcher):
         for item in partition.inputs:
             table = manifest.read_rows(item.uri, self.spec.manifest_format, item.row_start,
                                        item.row_stop, self._string_columns())
@@ -273,23 +250,25 @@ class ManifestDatasource(Datasource):
             stem = posixpath.splitext(posixpath.basename(item.uri))[0]
             row = item.row_start
             for chunk in table.to_batches(max_chunksize=batch_size):
-                yield self._batch(chunk.to_pydict(), path_col, base, f"{stem}/", row, pool)
+                yield self._batch(chunk.to_pydict(), path_col, base, f"{stem}/", row, pool,
+                                  fetcher)
                 row += chunk.num_rows
 
     def _batch(self, cols: dict[str, list], path_col: str, base: str, key_prefix: str,
-               first_row: int, pool: ThreadPoolExecutor) -> Batch:
+               first_row: int, pool: ThreadPoolExecutor, fetcher: Fetcher) -> Batch:
         uris = [_resolve_media(p, base) for p in cols[path_col]]
-        executor = self._downloads() if any(_is_url(u) for u in uris) else pool
-        fetched = list(executor.map(lambda u: self._fetch(u, None) if u else (
-            None, f"{ErrorReason.READ_FAILED.value}: empty {path_col!r} value"), uris))
+        executor = fetcher.downloads() if any(is_url(u) for u in uris) else pool
+        fetched = list(executor.map(lambda u: fetcher.fetch(u, None) if u else (
+            None, RowError(ErrorReason.READ_FAILED, f"empty {path_col!r} value")), uris))
         if self.spec.key_column:
             keys = [str(k) for k in cols[self.spec.key_column]]
         else:  # a file's stem; a URL's row number in its manifest (img2dataset numbering)
-            keys = [f"{key_prefix}{first_row + j:09d}" if _is_url(u)
+            keys = [f"{key_prefix}{first_row + j:09d}" if is_url(u)
                     else posixpath.splitext(posixpath.basename(u or ""))[0]
                     for j, u in enumerate(uris)]
         batch: Batch = {KEY: keys, SOURCE_URI: [u or "" for u in uris],
-                        SOURCE_BYTES: [d for d, _ in fetched], ERROR: [e for _, e in fetched],
+                        SOURCE_BYTES: [d for d, _ in fetched],
+                        READ_ERROR: [e for _, e in fetched],
                         RAW_CAPTION: cols.get(self.spec.caption_column, [None] * len(uris))}
         skip = {path_col, self.spec.caption_column, self.spec.key_column}
         for name, values in cols.items():
@@ -308,6 +287,8 @@ class WebDatasetDatasource(Datasource):
     ``<shard>#<key>.<ext>``. Bad samples and
     truncated shards become error rows (``pipeline.io.webdataset.read_shard``)."""
 
+    writes = Datasource.writes + (METADATA_JSON,)
+
     def list_inputs(self) -> Iterator[InputItem]:
         size = fs.file_size(self.spec.uri)
         if size is not None:
@@ -321,10 +302,7 @@ class WebDatasetDatasource(Datasource):
         if not found:
             raise PlanError(f"source.uri {self.spec.uri!r}: no .tar shards found")
 
-    def extra_fields(self, partition: Partition) -> list[pa.Field]:
-        return [pa.field("metadata_json", pa.string())]
-
-    def _read(self, partition, batch_size, pool):
+    def _read(self, partition, batch_size, pool, fetcher):
         rows: list[dict[str, Any]] = []
         for item in partition.inputs:
             for sample in webdataset.read_shard(item.uri, self.temp_dir):
@@ -340,11 +318,12 @@ class WebDatasetDatasource(Datasource):
         media = next((e for e in sample.members if e in exts), None)
         error = sample.error
         if error is None and media is None:
-            error = (f"{ErrorReason.BAD_SAMPLE.value}: key {sample.key!r} in shard "
-                     f"{sample.shard_uri}: no media member (members: {sorted(sample.members)})")
+            error = RowError(ErrorReason.BAD_SAMPLE, f"key {sample.key!r} in shard "
+                             f"{sample.shard_uri}: no media member (members: "
+                             f"{sorted(sample.members)})")
         data = sample.members.get(media) if media else None
         if error is None and data is not None and len(data) > self.max_bytes:
-            error, data = _too_large(len(data), self.max_bytes), None
+            error, data = too_large(len(data), self.max_bytes), None
         caption, meta = sample.members.get("txt"), None
         if "json" in sample.members:
             try:
@@ -352,11 +331,11 @@ class WebDatasetDatasource(Datasource):
                 if meta is not None and caption is None:  # an object; txt first, as sidecars
                     caption = found
             except ValueError as e:
-                error = error or (f"{ErrorReason.BAD_SAMPLE.value}: key {sample.key!r} in "
-                                  f"shard {sample.shard_uri}: bad json member: {e}")
+                error = error or RowError(ErrorReason.BAD_SAMPLE, f"key {sample.key!r} in "
+                                          f"shard {sample.shard_uri}: bad json member: {e}")
         uri = f"{sample.shard_uri}#{sample.key}" + (f".{media}" if media else "")
         return {KEY: sample.key, SOURCE_URI: uri, SOURCE_BYTES: None if error else data,
-                RAW_CAPTION: caption, ERROR: error, "metadata_json": meta}
+                RAW_CAPTION: caption, READ_ERROR: error, METADATA_JSON: meta}
 
 
 def _to_batch(rows: list[dict[str, Any]]) -> Batch:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import io
 import os
 import posixpath
@@ -36,7 +35,8 @@ import tarfile
 from collections.abc import Iterator
 
 from pipeline.io import fs
-from pipeline.records import ErrorReason
+from pipeline.io.layout import OutputLayout
+from pipeline.records import ErrorReason, RowError
 from pipeline.spec import WebDatasetSinkSpec
 
 SHARD_KEY_SUFFIX = "#shard"
@@ -54,14 +54,15 @@ class ShardSample:
     ``key``: the sample key within the shard (for a shard-level error row:
     ``"<shard stem>#shard"``, see ``shard_error_key``). ``shard_uri``: the shard as given
     to ``read_shard``. ``members``: extension -> member bytes, in tar order (empty for
-    every error row). ``error``: ``"<reason>: <message>"`` (reason one of ``bad_sample``,
-    ``truncated_shard``, ``read_failed``) or None for a good sample.
+    every error row). ``error``: a ``RowError`` (reason ``bad_sample``,
+    ``truncated_shard`` or ``read_failed``; ``str()`` gives ``"<reason>: <message>"``) or
+    None for a good sample.
     """
 
     key: str
     shard_uri: str
     members: dict[str, bytes]
-    error: str | None
+    error: RowError | None
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:
@@ -88,7 +89,7 @@ def shard_error_key(uri: str) -> str:
 
 
 def _error_row(uri: str, key: str, reason: ErrorReason, message: str) -> ShardSample:
-    return ShardSample(key=key, shard_uri=uri, members={}, error=f"{reason.value}: {message}")
+    return ShardSample(key=key, shard_uri=uri, members={}, error=RowError(reason, message))
 
 
 @dataclasses.dataclass
@@ -244,24 +245,6 @@ def _samples(uri: str, shard_key: str, tf: tarfile.TarFile, size: int) -> Iterat
                          f"{uri}: {cut}; {kept} complete samples kept{tail}")
 
 
-class _HashingStream:
-    """File-like wrapper counting and hashing (sha256) the bytes written through it."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.sha = hashlib.sha256()
-        self.size = 0
-        self.discard = False      # set by abort: tarfile's final flush goes nowhere
-
-    def write(self, data) -> int:
-        if self.discard:
-            return len(data)
-        self.stream.write(data)
-        self.sha.update(data)
-        self.size += len(data)
-        return len(data)
-
-
 def _padded(n: int) -> int:
     return -(-n // _BLOCK) * _BLOCK
 
@@ -286,15 +269,14 @@ class WebDatasetWriter:
 
     def __init__(self, output_uri: str, partition_id: str, attempt_id: str,
                  spec: WebDatasetSinkSpec):
-        self.output_uri = output_uri
-        self.partition_id = partition_id
-        self.rel_dir = f"wds/{partition_id}/a-{attempt_id}"
+        self.layout = OutputLayout(output_uri)
+        self.partition_id, self.attempt_id = partition_id, attempt_id
+        self.rel_dir = OutputLayout.rel_attempt_dir("webdataset", partition_id, attempt_id)
         self.spec = spec
         self.files: list[str] = []
         self.sha256: dict[str, str] = {}
         self.total_bytes = 0
-        self._stream = None
-        self._hashing: _HashingStream | None = None
+        self._out: fs.HashingOutput | None = None
         self._tar: tarfile.TarFile | None = None
         self._shard_bytes = 0       # tar bytes written to the open shard, before the end marker
         self._shard_samples = 0
@@ -354,26 +336,21 @@ class WebDatasetWriter:
         self._shard_keys[safe] = key
 
     def _open_shard(self) -> None:
-        rel = f"{self.rel_dir}/{self.partition_id}-{len(self.files):06d}.tar"
-        uri = fs.join(self.output_uri, rel)
-        fsys, path = fs.resolve(uri)
-        if fs.is_local(uri):
-            fsys.create_dir(posixpath.dirname(path), recursive=True)
+        rel = OutputLayout.rel_shard(self.partition_id, self.attempt_id, len(self.files))
         self.files.append(rel)
-        self._stream = fsys.open_output_stream(path)
-        self._hashing = _HashingStream(self._stream)
-        self._tar = tarfile.open(fileobj=self._hashing, mode="w|", format=_FORMAT,
+        self._out = fs.HashingOutput(self.layout.uri(rel))
+        self._tar = tarfile.open(fileobj=self._out, mode="w|", format=_FORMAT,
                                  encoding=_ENCODING, errors=_ERRORS)
         self._shard_bytes = self._shard_samples = 0
         self._shard_keys = {}
 
     def _finish_shard(self) -> None:
         self._tar.close()             # end-of-archive marker + record padding
-        self._stream.close()
+        self._out.close()
         rel = self.files[-1]
-        self.sha256[rel] = self._hashing.sha.hexdigest()
-        self.total_bytes += self._hashing.size
-        self._tar = self._stream = self._hashing = None
+        self.sha256[rel] = self._out.sha256
+        self.total_bytes += self._out.size
+        self._tar = self._out = None
 
     def close(self) -> tuple[list[str], dict[str, str], int]:
         """Finish the open shard; return ``(files relative to output_uri, sha256 hex per
@@ -390,11 +367,11 @@ class WebDatasetWriter:
         ``wds/<partition_id>/a-<attempt_id>``). Safe to call more than once."""
         self._closed = True
         if self._tar is not None:
-            self._hashing.discard = True
+            self._out.discard()
             with contextlib.suppress(Exception):
                 self._tar.close()
-        if self._stream is not None:
+        if self._out is not None:
             with contextlib.suppress(Exception):
-                self._stream.close()
-        self._tar = self._stream = self._hashing = None
-        fs.delete_tree(fs.join(self.output_uri, self.rel_dir))
+                self._out.close()
+        self._tar = self._out = None
+        fs.delete_tree(self.layout.uri(self.rel_dir))

@@ -48,8 +48,10 @@ class ImageGeometry:
     @property
     def column(self) -> str:
         """The internal batch column holding pixels of this geometry."""
+        from pipeline.columns import MODEL_PIXELS
+
         edge = f"-{self.shortest_edge_px}" if self.mode == "center_crop" else ""
-        return f"_model_pixels_{self.mode}{edge}_{self.height_px}x{self.width_px}_r{self.resample}"
+        return f"{MODEL_PIXELS}{self.mode}{edge}_{self.height_px}x{self.width_px}_r{self.resample}"
 
     @property
     def min_side_px(self) -> int:

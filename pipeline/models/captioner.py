@@ -20,7 +20,7 @@ import torch
 from pipeline.models.base import ImageGeometry, ModelBackend, ModelInfo, OutputField
 from pipeline.models.torch_util import (copies_done, geometry_from_processor, normalizer_for,
                                         pick_dtype, to_device_uint8, wait_for)
-from pipeline.records import GENERATED_CAPTION
+from pipeline.columns import GENERATED_CAPTION
 from pipeline.spec import CaptionModelSpec
 
 DEFAULT_VLM_PROMPT = "Describe the image in one sentence."

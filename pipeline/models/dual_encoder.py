@@ -19,7 +19,7 @@ from pipeline.models.base import ModelBackend, ModelInfo, OutputField
 from pipeline.models.torch_util import (copies_done, geometry_from_processor, l2_normalize,
                                         normalizer_for, pick_dtype, to_device, to_device_uint8,
                                         wait_for)
-from pipeline.records import CLIP_SCORE, IMAGE_EMBEDDING
+from pipeline.columns import CLIP_SCORE, IMAGE_EMBEDDING
 from pipeline.spec import ImageEmbedSpec
 
 

@@ -67,7 +67,7 @@ class SentenceTransformerBackend(ModelBackend):
     def __init__(self, model_dir: str, spec, device: str, backend: str = "sentence-transformers"):
         from pipeline.models.base import ModelInfo, OutputField
         from pipeline.models.torch_util import pick_dtype
-        from pipeline.records import TEXT_EMBEDDING
+        from pipeline.columns import TEXT_EMBEDDING
 
         self.device, self.batch_size = device, spec.batch_size
         self.embedder = TextEmbedder(model_dir, device=device)
@@ -79,6 +79,6 @@ class SentenceTransformerBackend(ModelBackend):
                               f"{str(dtype).removeprefix('torch.')}")
 
     def run(self, prepared):
-        from pipeline.records import TEXT_EMBEDDING
+        from pipeline.columns import TEXT_EMBEDDING
 
         return {TEXT_EMBEDDING: self.embedder(list(prepared["text"]), batch_size=self.batch_size)}

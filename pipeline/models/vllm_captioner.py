@@ -18,7 +18,7 @@ import numpy as np
 from pipeline.errors import ModelLoadError
 from pipeline.models.base import ImageGeometry, ModelBackend, ModelInfo, OutputField
 from pipeline.models.captioner import DEFAULT_VLM_PROMPT, DEFAULT_VLM_SIZE_PX
-from pipeline.records import GENERATED_CAPTION
+from pipeline.columns import GENERATED_CAPTION
 from pipeline.spec import CaptionModelSpec
 
 

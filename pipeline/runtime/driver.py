@@ -16,19 +16,19 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from pipeline.assembly import assemble
 from pipeline.errors import PlanError
 from pipeline.io import fs, plan as planning
-from pipeline.io.checkpoint import CheckpointStore
-from pipeline.io.sources import make_datasource
+from pipeline.io.checkpoint import CheckpointStore, CommitMarker
 from pipeline.models.registry import check_models
 from pipeline.runtime.metrics import DriverMetrics, job_namespace
 from pipeline.runtime.model_pool import (model_stats, reserved_cpus, start_model_pools,
                                          stop_model_pools)
-from pipeline.runtime.partition import new_attempt_id
+from pipeline.runtime.partition import AttemptOutcome, new_attempt_id
 from pipeline.runtime.progress import Progress
 from pipeline.runtime.report import JobReport
 from pipeline.runtime.worker import PartitionWorker
-from pipeline.spec import JobSpec, fingerprint
+from pipeline.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +51,17 @@ def default_workers(spec: JobSpec) -> int:
 def run_job(spec: JobSpec) -> JobReport:
     """Run a job on the connected Ray cluster (``ray.init`` done by the caller)."""
     t0 = time.time()
-    fp = fingerprint(spec)
+    pipeline = assemble(spec)  # unbound models: the fingerprint, the datasource, the checks
+    fp = pipeline.fingerprint
     fs.configure(**spec.storage.model_dump())
     check_models(spec)  # fail now, naming the model location, not in an actor
     prepare_output(spec)
-    source = make_datasource(spec.source, spec.decode, spec.download, spec.video)
-    plan, how = planning.load_or_create(spec.sink.uri, spec.source, source.list_inputs)
+    plan, how = planning.load_or_create(spec.sink.uri, spec.source,
+                                        pipeline.datasource.list_inputs)
     store = CheckpointStore(spec.sink.uri)
     done, foreign = store.committed(fp)
     if foreign:
-        raise PlanError(f"{spec.sink.uri}: {len(foreign)} partitions were committed under another "
-                        f"spec fingerprint ({next(iter(foreign.values())).get('fingerprint')}, "
-                        f"now {fp}); use --mode overwrite or a new output location")
+        raise PlanError(foreign_output_message(spec.sink.uri, foreign, fp, pipeline.settings()))
     report = JobReport(spec.name, spec.sink.uri, fp, f"{how}, {len(plan)} partitions",
                        partitions_total=len(plan))
     for pid in sorted(done):
@@ -159,13 +158,14 @@ class _Scheduler:
         task = self.workers[i].run.options(name=f"PartitionWorker-{i}.run({pid}/a-{attempt})")
         self.in_flight[task.remote(pid, attempt)] = (i, pid, attempt)
 
-    def _done(self, pid: str, outcome: dict) -> None:
-        if not outcome["committed"]:  # another attempt won: its marker is the truth
-            outcome = self.store.marker(pid)
+    def _done(self, pid: str, outcome: AttemptOutcome | None) -> None:
+        """Count the partition's marker: this outcome's, or - if it lost the commit race
+        (or there is no outcome: its worker died after a zombie committed) - the stored one."""
+        marker = outcome.marker if outcome is not None and outcome.committed else self.store.marker(pid)
         # an attempt of this run (a zombie of a lost worker included) committed it
-        this_run = outcome["attempt_id"] in self.report.attempts.get(pid, [])
-        self.report.add_marker(outcome, this_run=this_run)
-        self.progress.update(pid, outcome["rows_in"])
+        this_run = marker.attempt_id in self.report.attempts.get(pid, [])
+        self.report.add_marker(marker, this_run=this_run)
+        self.progress.update(pid, marker.rows_in)
 
     def _failed(self, i: int, pid: str, attempt: str, e: BaseException) -> None:
         if isinstance(e, RayActorError):
@@ -176,7 +176,7 @@ class _Scheduler:
         final = self.attempts[pid] >= self.spec.runtime.max_attempts
         self.metrics.attempt_failed(final=final)
         if self.store.marker(pid) is not None:  # a zombie attempt committed it meanwhile
-            self._done(pid, {"committed": False})
+            self._done(pid, None)
         elif not final:
             log.warning("partition %s attempt %s failed (%s); retrying", pid, attempt, _short(e))
             self.queue.append(pid)
@@ -193,6 +193,33 @@ class _Scheduler:
         self.progress.close()
         for w in self.workers.values():
             ray.kill(w)
+
+
+def foreign_output_message(output_uri: str, foreign: dict[str, CommitMarker], fingerprint: str,
+                           settings: dict) -> str:
+    """Why an output committed under another fingerprint is refused: how many partitions,
+    which settings differ (from the markers' ``settings``), and what to do."""
+    marker = foreign[min(foreign)]
+    if marker.settings:
+        changed = _diff(marker.settings, settings)
+        why = "; settings changed: " + ", ".join(changed[:8]) + (
+            f" (and {len(changed) - 8} more)" if len(changed) > 8 else "")
+    else:
+        why = (f"; they were written by mmpipe {marker.mmpipe_version or '< 0.1'} (commit "
+               f"marker version {marker.version}), whose fingerprint covers other settings")
+    return (f"{output_uri}: {len(foreign)} partitions were committed under another spec "
+            f"fingerprint ({marker.fingerprint}; this spec has {fingerprint}){why}. Resuming "
+            "would mix two outputs: use --mode overwrite or a new output location")
+
+
+def _diff(old: Any, new: Any, path: str = "") -> list[str]:
+    """Dotted paths where two settings trees differ, with old -> new values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new))
+                for d in _diff(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in _diff(a, b, f"{path}[{i}]")]
+    return [] if old == new else [f"{path}: {old!r} -> {new!r}"]
 
 
 def _short(e: BaseException) -> str:

@@ -33,7 +33,7 @@ import functools
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from typing import Iterator
 
 from ray.util import metrics as raym
 
@@ -87,11 +87,6 @@ def job_namespace(job: str) -> str:
     return f"mmpipe-{job}"
 
 
-def _reason(key: str) -> tuple[str, str]:
-    status, _, reason = key.partition(":")
-    return status, reason or "none"
-
-
 class WorkerMetrics:
     """What a ``PartitionWorker`` records: reads per batch, outcomes per partition."""
 
@@ -100,26 +95,17 @@ class WorkerMetrics:
         self.worker = f"PartitionWorker-{index}"
         self._in_flight = 0
 
-    def partition_done(self, outcome: dict[str, Any], duration_s: float) -> None:
-        """Record a finished attempt; counts only what this attempt committed."""
-        committed = outcome.get("committed", True)
+    def partition_done(self, outcome, duration_s: float) -> None:
+        """Record a finished attempt (``runtime.partition.AttemptOutcome``); counts only
+        what this attempt committed, rows by their typed ``(status, reason)``."""
         metric("mmpipe_partition_duration_s").observe(
-            duration_s, dict(self.tags, outcome="committed" if committed else "lost_race"))
-        if not committed:
+            duration_s, dict(self.tags, outcome="committed" if outcome.committed else "lost_race"))
+        if not outcome.committed:
             return
-        by_reason = outcome.get("rows_by_reason") or {}
-        for status, n in (outcome.get("rows_by_status") or {}).items():
-            explained = 0
-            for key, m in by_reason.items():
-                if key.partition(":")[0] == status and m:
-                    metric("mmpipe_records").inc(m, dict(self.tags, status=status,
-                                                         reason=_reason(key)[1]))
-                    explained += m
-            if n - explained > 0:
-                metric("mmpipe_records").inc(n - explained, dict(self.tags, status=status,
-                                                                 reason="none"))
-        if outcome.get("bytes_written"):
-            metric("mmpipe_bytes_written").inc(outcome["bytes_written"], self.tags)
+        for (status, reason), n in outcome.rows.items():
+            metric("mmpipe_records").inc(n, dict(self.tags, status=status, reason=reason))
+        if outcome.marker.bytes_written:
+            metric("mmpipe_bytes_written").inc(outcome.marker.bytes_written, self.tags)
         metric("mmpipe_partitions_committed").inc(1, self.tags)
 
     def partition_failed(self, duration_s: float) -> None:
@@ -149,10 +135,10 @@ class CountingSource:
     def __getattr__(self, name: str):
         return getattr(self.source, name)
 
-    def read_batches(self, partition, batch_size: int, pool) -> Iterator[dict]:
-        from pipeline.records import KEY, SOURCE_BYTES
+    def read_partition(self, partition, batch_size: int, pool, stats=None) -> Iterator[dict]:
+        from pipeline.columns import KEY, SOURCE_BYTES
 
-        for batch in self.source.read_batches(partition, batch_size, pool):
+        for batch in self.source.read_partition(partition, batch_size, pool, stats):
             metric("mmpipe_records_read").inc(len(batch[KEY]), self.tags)
             nbytes = sum(len(b) for b in batch.get(SOURCE_BYTES) or [] if b)
             if nbytes:

@@ -22,7 +22,6 @@ from ray.exceptions import RayActorError
 
 from pipeline.models.base import ModelInfo
 from pipeline.runtime.metrics import ModelMetrics, job_namespace
-from pipeline.runtime.model_steps import ModelTask
 from pipeline.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -79,7 +78,6 @@ class ModelPool:
     section: str
     actors: list
     info: ModelInfo
-    max_in_flight: int
 
 
 def reserved_cpus(spec: JobSpec) -> float:
@@ -110,9 +108,9 @@ def start_model_pools(spec: JobSpec) -> list[ModelPool]:
     try:
         infos = {s: ray.get([a.ready.remote() for a in actors]) for s, actors in started.items()}
     except Exception:
-        stop_model_pools([ModelPool(s, a, None, 1) for s, a in started.items()])
+        stop_model_pools([ModelPool(s, a, None) for s, a in started.items()])
         raise
-    return [ModelPool(s, actors, infos[s][0], getattr(spec, s).max_in_flight)
+    return [ModelPool(s, actors, infos[s][0])
             for s, actors in started.items()]
 
 
@@ -134,15 +132,15 @@ def model_stats(pools: list[ModelPool], timeout_s: float = 10) -> list[dict[str,
     return out
 
 
-def worker_tasks(pools: list[ModelPool], index: int, wrap=None) -> list[ModelTask]:
-    """A worker's ``ModelTask`` per pool; ``wrap(client)`` (optional) decorates each client,
-    e.g. with metrics. Worker ``index`` picks the first replica (spreads the load)."""
-    tasks = []
+def worker_models(pools: list[ModelPool], index: int, wrap=None) -> dict[str, tuple]:
+    """A worker's models for ``assembly.assemble``: section -> ``(client, ModelInfo)``.
+    ``wrap(client)`` (optional) decorates each client, e.g. with metrics. Worker ``index``
+    picks the first replica (spreads the load)."""
+    out = {}
     for pool in pools:
         client = ModelClient(pool.actors, index)
-        tasks.append(ModelTask(pool.section, wrap(client) if wrap else client, pool.info,
-                               pool.max_in_flight))
-    return tasks
+        out[pool.section] = (wrap(client) if wrap else client, pool.info)
+    return out
 
 
 class ModelClient:

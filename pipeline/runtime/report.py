@@ -6,6 +6,8 @@ import collections
 import dataclasses
 from typing import Any
 
+from pipeline.io.checkpoint import CommitMarker
+
 
 @dataclasses.dataclass
 class JobReport:
@@ -34,19 +36,19 @@ class JobReport:
     wall_s: float = 0.0
     model_actors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
-    def add_marker(self, marker: dict[str, Any], this_run: bool) -> None:
+    def add_marker(self, marker: CommitMarker, this_run: bool) -> None:
         """Count a committed partition's marker (``this_run``: committed by this run)."""
-        self.rows_by_status.update(marker["rows_by_status"])
-        self.rows_by_reason.update(marker["rows_by_reason"])
+        self.rows_by_status.update(marker.rows_by_status)
+        self.rows_by_reason.update(marker.rows_by_reason)
         if this_run:
-            self.partitions_committed.append(marker["partition_id"])
-            self.rows_processed += marker["rows_in"]
-            self.bytes_written += marker["bytes_written"]
-            self.throttled_requests += marker.get("throttled_requests", 0)
-            self.retried_requests += marker.get("retried_requests", 0)
-            self.downloads.update(marker.get("downloads", {}))
+            self.partitions_committed.append(marker.partition_id)
+            self.rows_processed += marker.rows_in
+            self.bytes_written += marker.bytes_written
+            self.throttled_requests += marker.throttled_requests
+            self.retried_requests += marker.retried_requests
+            self.downloads.update(marker.downloads)
         else:
-            self.partitions_skipped.append(marker["partition_id"])
+            self.partitions_skipped.append(marker.partition_id)
 
     @property
     def records_per_s(self) -> float:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import ray
 
-from pipeline.io.sources import make_datasource
+from pipeline.assembly import assemble
 from pipeline.io import fs
-from pipeline.runtime import chaos
 from pipeline.io.plan import read_partition
-from pipeline.runtime import metrics
-from pipeline.runtime.model_pool import worker_tasks
-from pipeline.runtime.partition import build_steps, process_partition
+from pipeline.runtime import chaos, metrics
+from pipeline.runtime.model_pool import worker_models
+from pipeline.runtime.partition import AttemptOutcome, run_partition
 from pipeline.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -23,29 +21,31 @@ log = logging.getLogger(__name__)
 
 @ray.remote
 class PartitionWorker:
-    """Builds the steps once, then runs ``run(partition, attempt_id)`` calls one by one.
+    """Assembles the pipeline once (models bound to the pools), then runs
+    ``run(partition, attempt_id)`` calls one by one.
 
-    ``model_pools`` are the started ``ModelPool``s (empty when no model step is enabled).
+    ``model_pools`` are the started ``ModelPool``s (empty when no model step is enabled);
+    ``fingerprint`` is the driver's, checked against this worker's assembly.
     """
 
     def __init__(self, spec_json: str, fingerprint: str, index: int, model_pools: list):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         self.spec = JobSpec.model_validate_json(spec_json)
         fs.configure(**self.spec.storage.model_dump())
-        self.fingerprint = fingerprint
         self.index = index
         self.metrics = metrics.WorkerMetrics(self.spec.name, index)
         self.pool = ThreadPoolExecutor(self.spec.runtime.decode_threads)
-        self.source = self.metrics.count_reads(make_datasource(
-            self.spec.source, self.spec.decode, self.spec.download, self.spec.video))
-        self.steps = build_steps(self.spec, self.pool,
-                                 [p.info.image for p in model_pools if p.info.image])
-        self.models = worker_tasks(model_pools, index, wrap=self.metrics.count_model_calls)
+        models = worker_models(model_pools, index, wrap=self.metrics.count_model_calls)
+        self.pipeline = assemble(self.spec, models, self.pool, setup=True)
+        if self.pipeline.fingerprint != fingerprint:
+            raise RuntimeError(f"worker assembled fingerprint {self.pipeline.fingerprint}, "
+                               f"the driver {fingerprint}: different mmpipe versions?")
+        self.pipeline.datasource = self.metrics.count_reads(self.pipeline.datasource)
         self.current = "idle"
 
-    def run(self, partition_id: str, attempt_id: str) -> dict[str, Any]:
+    def run(self, partition_id: str, attempt_id: str) -> AttemptOutcome:
         """Read partition ``partition_id`` from the plan, process and commit it; return
-        the outcome (the commit marker plus ``committed``)."""
+        the outcome (the commit marker and whether this attempt committed it)."""
         self.current = f"{partition_id}/a-{attempt_id}"
         metrics.show_actor_state(self)  # the log prefix names the partition in hand
         started = time.perf_counter()
@@ -54,10 +54,9 @@ class PartitionWorker:
         log.info("partition %s: attempt %s started (%d inputs)", partition.partition_id,
                  attempt_id, len(partition.inputs))
         try:
-            out = process_partition(partition, attempt_id, self.spec, self.fingerprint,
-                                    self.source, self.steps, self.models or None, self.pool,
-                                    ran_on={"worker": f"PartitionWorker-{self.index}",
-                                            "node_id": ray.get_runtime_context().get_node_id()})
+            out = run_partition(self.pipeline, partition, attempt_id, self.pool,
+                                ran_on={"worker": f"PartitionWorker-{self.index}",
+                                        "node_id": ray.get_runtime_context().get_node_id()})
         except BaseException:
             self.metrics.partition_failed(time.perf_counter() - started)
             raise
@@ -65,8 +64,8 @@ class PartitionWorker:
             self.current = "idle"
         self.metrics.partition_done(out, time.perf_counter() - started)
         log.info("partition %s: attempt %s %s in %.2fs", partition.partition_id, attempt_id,
-                 "committed" if out["committed"] else "lost the commit race", out["duration_s"])
-        return dict(out, worker=f"PartitionWorker-{self.index}")
+                 "committed" if out.committed else "lost the commit race", out.marker.duration_s)
+        return out
 
     def ping(self) -> bool:
         return True

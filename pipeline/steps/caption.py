@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipeline.records import CAPTION, RAW_CAPTION, Batch
+from pipeline.columns import CAPTION, CAPTION_FLAGS, RAW_CAPTION, Batch
 from pipeline.spec import CaptionSpec
 from pipeline.steps.base import Step
 
@@ -55,11 +55,16 @@ def normalize_caption(raw: Any, spec: CaptionSpec) -> tuple[str | None, list[str
 class CaptionStep(Step):
     """Fills ``caption`` and ``caption_flags`` from ``_raw_caption`` for every row."""
 
+    writes = (CAPTION, CAPTION_FLAGS)
+
     def __init__(self, spec: CaptionSpec):
         self.spec = spec
+
+    def settings(self):
+        return self.spec.model_dump(mode="json")
 
     def __call__(self, batch: Batch) -> Batch:
         pairs = [normalize_caption(raw, self.spec) for raw in batch[RAW_CAPTION]]
         batch[CAPTION] = [c for c, _ in pairs]
-        batch["caption_flags"] = [f for _, f in pairs]
+        batch[CAPTION_FLAGS] = [f for _, f in pairs]
         return batch

@@ -14,19 +14,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.records import KEY, PHASH, REJECT_REASON, SHA256, STATUS, Batch, RejectReason, Status
+from pipeline.columns import DUPLICATE_HAMMING, DUPLICATE_OF, KEY, PHASH, REJECT_REASON, SHA256
+from pipeline.records import RejectReason
 from pipeline.spec import DedupSpec
-from pipeline.steps.base import Step
+from pipeline.steps.base import Filter
 
 
-class DedupStep(Step):
+class DedupStep(Filter):
     """Stateful per partition: call ``start_partition`` before each partition."""
 
+    writes = (REJECT_REASON, DUPLICATE_OF, DUPLICATE_HAMMING)
+
     def __init__(self, spec: DedupSpec):
+        super().__init__()
         self.spec = spec
         self.start_partition("")
 
+    def settings(self):
+        return self.spec.model_dump(mode="json")
+
     def start_partition(self, partition_id: str) -> None:
+        super().start_partition(partition_id)
         self._sha: dict[str, str] = {}
         self._hashes = np.zeros(64, dtype=np.uint64)  # kept pHashes in [:n], grown by doubling
         self._n = 0
@@ -46,23 +54,14 @@ class DedupStep(Step):
         j = int(np.argmin(dist))
         return (self._keys[j], int(dist[j])) if dist[j] <= self.spec.max_hamming_distance else None
 
-    def __call__(self, batch: Batch) -> Batch:
-        n = len(batch[STATUS])
-        batch.setdefault(REJECT_REASON, [None] * n)
-        batch["duplicate_of"] = [None] * n
-        batch["duplicate_hamming"] = [None] * n
-        for i in range(n):
-            if batch[STATUS][i] != Status.OK.value:
-                continue
-            sha, ph, key = batch[SHA256][i], batch[PHASH][i], batch[KEY][i]
-            hit = (self._sha[sha], 0) if self.spec.exact and sha in self._sha else None
-            hit = hit or (self._near(ph) if ph is not None else None)
-            if hit:
-                batch[STATUS][i] = Status.REJECTED.value
-                batch[REJECT_REASON][i] = RejectReason.DUPLICATE.value
-                batch["duplicate_of"][i], batch["duplicate_hamming"][i] = hit
-                continue
-            self._sha.setdefault(sha, key)
-            if ph is not None:
-                self._keep(ph, key)
-        return batch
+    def reject_reason(self, batch, i):
+        sha, ph, key = batch[SHA256][i], batch[PHASH][i], batch[KEY][i]
+        hit = (self._sha[sha], 0) if self.spec.exact and sha in self._sha else None
+        hit = hit or (self._near(ph) if ph is not None else None)
+        if hit:
+            batch[DUPLICATE_OF][i], batch[DUPLICATE_HAMMING][i] = hit
+            return RejectReason.DUPLICATE
+        self._sha.setdefault(sha, key)
+        if ph is not None:
+            self._keep(ph, key)
+        return None

@@ -13,52 +13,57 @@ import imagehash
 import numpy as np
 from PIL import Image
 
-from pipeline.records import (HEIGHT, IMAGE, MIME, PHASH, PIXELS, REJECT_REASON, SHA256,
-                              SOURCE_BYTES, STATUS, WIDTH, Batch, RejectReason, Status)
+from pipeline.columns import (FORMAT, HAS_ALPHA, HEIGHT, IMAGE, IMAGE_HEIGHT, IMAGE_WIDTH,
+                              IS_ANIMATED, MIME, N_FRAMES, PHASH, PIXELS, SHA256,
+                              SOURCE_BYTES, STATUS, WIDTH, Batch)
+from pipeline.records import RejectReason
 from pipeline.spec import DecodeSpec, FilterSpec, ResizeSpec
-from pipeline.steps.base import RowStep, Step
+from pipeline.steps.base import Filter, RowStep, Step
 from pipeline.steps.decode import decode_image
 
 
 class DecodeStep(RowStep):
     """``_source_bytes`` -> ``_pixels`` and image metadata (see ``decode_image``)."""
 
-    outputs = (PIXELS, WIDTH, HEIGHT, MIME, "format", "n_frames", "is_animated", "has_alpha")
+    writes = (PIXELS, WIDTH, HEIGHT, MIME, FORMAT, N_FRAMES, IS_ANIMATED, HAS_ALPHA)
 
     def __init__(self, spec: DecodeSpec, draft_min_side_px: int | None = None):
         self.spec = spec
         self.draft_min_side_px = draft_min_side_px
 
+    def settings(self):
+        # draft_min_side_px is derived from resize and the models, both hashed already
+        return {"max_pixels": self.spec.max_pixels}
+
     def process_row(self, batch, i):
         img = decode_image(batch[SOURCE_BYTES][i], max_pixels=self.spec.max_pixels,
                            draft_min_side_px=self.draft_min_side_px)
         return {PIXELS: img.pixels, WIDTH: img.width, HEIGHT: img.height, MIME: img.mime,
-                "format": img.format, "n_frames": img.n_frames, "is_animated": img.is_animated,
-                "has_alpha": img.has_alpha}
+                FORMAT: img.format, N_FRAMES: img.n_frames, IS_ANIMATED: img.is_animated,
+                HAS_ALPHA: img.has_alpha}
 
 
-class FilterStep(RowStep):
+class FilterStep(Filter):
     """Rejects rows below ``min_width_px``/``min_height_px`` or above ``max_aspect_ratio``.
 
     Uses the full-resolution upright ``width``/``height``. Sets ``status="rejected"`` and
     ``reject_reason``; never drops a row.
     """
 
-    outputs = (REJECT_REASON,)
-
     def __init__(self, spec: FilterSpec):
+        super().__init__()
         self.spec = spec
 
-    def process_row(self, batch, i):
+    def settings(self):
+        return self.spec.model_dump(mode="json")
+
+    def reject_reason(self, batch, i):
         w, h = batch[WIDTH][i], batch[HEIGHT][i]
-        reason = None
         if w < self.spec.min_width_px or h < self.spec.min_height_px:
-            reason = RejectReason.TOO_SMALL.value
-        elif self.spec.max_aspect_ratio and max(w, h) / max(1, min(w, h)) > self.spec.max_aspect_ratio:
-            reason = RejectReason.ASPECT_RATIO.value
-        if reason is None:
-            return {}
-        return {STATUS: Status.REJECTED.value, REJECT_REASON: reason}
+            return RejectReason.TOO_SMALL
+        if self.spec.max_aspect_ratio and max(w, h) / max(1, min(w, h)) > self.spec.max_aspect_ratio:
+            return RejectReason.ASPECT_RATIO
+        return None
 
 
 class HashStep(Step):
@@ -67,6 +72,8 @@ class HashStep(Step):
     ``phash`` is the 64-bit DCT perceptual hash of ``imagehash.phash`` (Zauner 2010,
     hash_size=8) of the decoded pixels, stored as uint64; None for rows without pixels.
     """
+
+    writes = (SHA256, PHASH)
 
     def __call__(self, batch: Batch) -> Batch:
         batch[SHA256] = [hashlib.sha256(b).hexdigest() if b is not None else None
@@ -109,17 +116,20 @@ def resize_pixels(pixels: np.ndarray, spec: ResizeSpec) -> Image.Image:
 class ResizeStep(RowStep):
     """``_pixels`` -> ``image`` (JPEG/WebP bytes), ``image_width``, ``image_height``."""
 
-    outputs = (IMAGE, "image_width", "image_height")
+    writes = (IMAGE, IMAGE_WIDTH, IMAGE_HEIGHT)
 
     def __init__(self, spec: ResizeSpec):
         self.spec = spec
+
+    def settings(self):
+        return self.spec.model_dump(mode="json")
 
     def process_row(self, batch, i):
         img = resize_pixels(batch[PIXELS][i], self.spec)
         buf = io.BytesIO()
         img.save(buf, format="JPEG" if self.spec.encode_format == "jpeg" else "WEBP",
                  quality=self.spec.quality)
-        return {IMAGE: buf.getvalue(), "image_width": img.width, "image_height": img.height}
+        return {IMAGE: buf.getvalue(), IMAGE_WIDTH: img.width, IMAGE_HEIGHT: img.height}
 
     def __call__(self, batch: Batch) -> Batch:
         batch = super().__call__(batch)

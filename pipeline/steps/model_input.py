@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
-from pipeline.records import (CLIP_SCORE, FRAMES, IMAGE, PIXELS, REJECT_REASON, STATUS, Batch,
-                              RejectReason, Status)
-from pipeline.steps.base import RowStep, Step
+from pipeline.columns import CLIP_SCORE, FRAMES, IMAGE, IMAGE_HEIGHT, IMAGE_WIDTH, PIXELS
+from pipeline.records import RejectReason
+from pipeline.steps.base import Filter, RowStep
 
 if TYPE_CHECKING:  # steps do not import models at run time (import direction)
     from pipeline.models.base import ImageGeometry
@@ -57,7 +57,7 @@ class ModelInputStep(RowStep):
 
     def __init__(self, geometries: "list[ImageGeometry]"):
         self.geometries = sorted(set(geometries), key=lambda g: g.column)
-        self.outputs = tuple(g.column for g in self.geometries)
+        self.writes = tuple(g.column for g in self.geometries)
 
     def process_row(self, batch, i):
         pixels = batch.get(PIXELS)
@@ -67,25 +67,20 @@ class ModelInputStep(RowStep):
         return {g.column: np.stack([model_input(f, g) for f in frames]) for g in self.geometries}
 
 
-class ScoreFilterStep(Step):
+class ScoreFilterStep(Filter):
     """Rejects ``ok`` rows with ``clip_score < min_clip_score`` (``low_clip_score``)."""
 
-    dropped = (IMAGE, "image_width", "image_height")
+    dropped = (IMAGE, IMAGE_WIDTH, IMAGE_HEIGHT)
 
     def __init__(self, min_clip_score: float):
+        super().__init__()
         self.min_clip_score = min_clip_score
 
-    def __call__(self, batch: Batch) -> Batch:
-        n = len(batch[STATUS])
-        scores = batch.get(CLIP_SCORE, [None] * n)
-        for i in range(n):
-            score = scores[i]
-            if batch[STATUS][i] != Status.OK.value or score is None or math.isnan(score):
-                continue
-            if score < self.min_clip_score:
-                batch[STATUS][i] = Status.REJECTED.value
-                batch[REJECT_REASON][i] = RejectReason.LOW_CLIP_SCORE.value
-                for col in self.dropped:
-                    if col in batch:
-                        batch[col][i] = None
-        return batch
+    def settings(self):
+        return {"min_clip_score": self.min_clip_score}
+
+    def reject_reason(self, batch, i):
+        score = batch[CLIP_SCORE][i]
+        if score is None or math.isnan(score) or score >= self.min_clip_score:
+            return None
+        return RejectReason.LOW_CLIP_SCORE

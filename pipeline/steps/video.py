@@ -59,9 +59,12 @@ import av
 import av.error
 import numpy as np
 
+from pipeline.columns import (DECODE_ERRORS, DURATION_S, FORMAT, FPS, FRAME_COUNT,
+                              FRAME_TIMESTAMPS_S, FRAMES, FRAMES_ENCODED, HEIGHT, IMAGE,
+                              IMAGE_HEIGHT, IMAGE_WIDTH, MIME, PARTIAL, PHASH, ROTATION_DEG,
+                              SHA256, SOURCE_PATH, STATUS, VIDEO_CODEC, WIDTH, Batch)
 from pipeline.errors import RecordError
-from pipeline.records import (FRAMES, HEIGHT, IMAGE, MIME, PHASH, SHA256, SOURCE_PATH, STATUS,
-                              WIDTH, Batch, ErrorReason)
+from pipeline.records import ErrorReason
 from pipeline.spec import ResizeSpec, VideoSpec
 from pipeline.steps.base import RowStep
 from pipeline.steps.image import phash64, resize_pixels
@@ -395,13 +398,15 @@ class VideoDecodeStep(RowStep):
     pHash of the middle sampled frame, as in ``HashStep``), ``decode_errors``.
     """
 
-    outputs = (FRAMES, WIDTH, HEIGHT, MIME, "format", "duration_s", "fps", "frame_count",
-               "frame_timestamps_s", "partial", "rotation_deg", "video_codec", SHA256, PHASH,
-               "decode_errors")
+    writes = (FRAMES, WIDTH, HEIGHT, MIME, FORMAT, DURATION_S, FPS, FRAME_COUNT,
+              FRAME_TIMESTAMPS_S, PARTIAL, ROTATION_DEG, VIDEO_CODEC, SHA256, PHASH,
+              DECODE_ERRORS)
 
-    def __init__(self, spec: VideoSpec, resize: ResizeSpec):
+    def __init__(self, spec: VideoSpec):
         self.spec = spec
-        self.resize = resize
+
+    def settings(self):
+        return self.spec.model_dump(mode="json", exclude={"temp_dir"})  # where, not what
 
     def process_row(self, batch, i):
         path = batch[SOURCE_PATH][i]
@@ -409,12 +414,12 @@ class VideoDecodeStep(RowStep):
             raise RecordError(ErrorReason.READ_FAILED.value, "no local video file")
         info = decode_video(path, self.spec)
         return {FRAMES: info.frames, WIDTH: info.width, HEIGHT: info.height, MIME: info.mime,
-                "format": info.container, "duration_s": info.duration_s, "fps": info.fps,
-                "frame_count": info.frame_count, "frame_timestamps_s": info.timestamps_s,
-                "partial": info.partial, "rotation_deg": info.rotation_deg,
-                "video_codec": info.codec, SHA256: file_sha256(path),
+                FORMAT: info.container, DURATION_S: info.duration_s, FPS: info.fps,
+                FRAME_COUNT: info.frame_count, FRAME_TIMESTAMPS_S: info.timestamps_s,
+                PARTIAL: info.partial, ROTATION_DEG: info.rotation_deg,
+                VIDEO_CODEC: info.codec, SHA256: file_sha256(path),
                 PHASH: phash64(info.frames[len(info.frames) // 2]),
-                "decode_errors": info.decode_errors}
+                DECODE_ERRORS: info.decode_errors}
 
 
 class VideoFramesStep(RowStep):
@@ -426,11 +431,14 @@ class VideoFramesStep(RowStep):
     ``keep_frames`` (steps that need the frames, e.g. model inputs, run before this one).
     """
 
-    outputs = ("frames", IMAGE, "image_width", "image_height")
+    writes = (FRAMES_ENCODED, IMAGE, IMAGE_WIDTH, IMAGE_HEIGHT)
 
     def __init__(self, resize: ResizeSpec, keep_frames: bool = False):
         self.resize = resize
         self.keep_frames = keep_frames
+
+    def settings(self):
+        return self.resize.model_dump(mode="json")
 
     def process_row(self, batch, i):
         fmt = "JPEG" if self.resize.encode_format == "jpeg" else "WEBP"
@@ -444,8 +452,8 @@ class VideoFramesStep(RowStep):
         if not encoded:
             raise RecordError(ErrorReason.NO_FRAMES.value, "no sampled frames to encode")
         mid = len(encoded) // 2
-        return {"frames": encoded, IMAGE: encoded[mid],
-                "image_width": sizes[mid][0], "image_height": sizes[mid][1]}
+        return {FRAMES_ENCODED: encoded, IMAGE: encoded[mid],
+                IMAGE_WIDTH: sizes[mid][0], IMAGE_HEIGHT: sizes[mid][1]}
 
     def __call__(self, batch: Batch) -> Batch:
         batch = super().__call__(batch)

@@ -17,14 +17,14 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
-from pipeline.devtools.seaweedfs import free_port
+from pipeline.testing.seaweedfs import free_port
 from pipeline.io.checkpoint import CheckpointStore
 from pipeline.runtime.driver import run_job
 from pipeline.spec import load_spec
 
 
 def markers(out: str) -> dict[str, str]:
-    return {p: m["attempt_id"] for p, m in CheckpointStore(out).markers().items()}
+    return {p: m.attempt_id for p, m in CheckpointStore(out).markers().items()}
 
 
 def start_cluster(tries: int = 3) -> Cluster:

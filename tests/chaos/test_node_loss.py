@@ -33,7 +33,7 @@ def test_worker_node_removed_mid_job(tmp_path):
     # the partitions in flight on the lost node: replayed elsewhere, or committed by a zombie
     # attempt still running there after the removal (allowed: the marker is the fence)
     zombies = sorted(p for p, m in final.items()
-                     if p not in before and m["ran_on"]["node_id"] == r["removed_node"])
+                     if p not in before and m.ran_on["node_id"] == r["removed_node"])
     affected = set(replayed) | set(zombies)
     # (a worker there may even return a result after the removal and be handed another
     # partition before Ray declares the node dead, so more than 2 can be affected)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from pipeline.io import fs
-from pipeline.io.checkpoint import CheckpointStore, committed_files
+from pipeline.io.checkpoint import CheckpointStore, read_committed
 from tests.conftest import REPO
 
 PARTITIONS = 19  # 57 photos / partition_size 3
@@ -49,18 +49,13 @@ def finish(proc: subprocess.Popen, timeout_s: float = 300) -> str:
 
 def markers(out: str) -> dict[str, str]:
     """partition id -> attempt id of every commit marker."""
-    return {p: m["attempt_id"] for p, m in CheckpointStore(out).markers().items()}
+    return {p: m.attempt_id for p, m in CheckpointStore(out).markers().items()}
 
 
 def rows_by_key(out: str, key: str = "key") -> dict[str, dict]:
     """The committed output rows, keyed by the column ``key`` (read through the pipeline's
     fs layer); ``source_uri`` where keys repeat (WebDataset keys across shards)."""
-    rows = {}
-    for uri in committed_files(out):
-        fsys, path = fs.resolve(uri)
-        for r in pq.read_table(path, filesystem=fsys).to_pylist():
-            rows[r[key]] = r
-    return rows
+    return {r[key]: r for r in read_committed(out).to_pylist()}
 
 
 def check_accounting(out: str, planned: bool = True) -> dict[str, dict]:
@@ -68,13 +63,13 @@ def check_accounting(out: str, planned: bool = True) -> dict[str, dict]:
     its Parquet data file, and (``planned``) == ``rows_planned``. Returns the markers."""
     markers = CheckpointStore(out).markers()
     for pid, m in markers.items():
-        s = m["rows_by_status"]
-        assert m["rows_in"] == s["ok"] + s["rejected"] + s["error"], pid
+        s = m.rows_by_status
+        assert m.rows_in == s["ok"] + s["rejected"] + s["error"], pid
         if planned:
-            assert m["rows_in"] == m["rows_planned"], pid
-        data = [f for f in m["files"] if f.startswith("data/")]
+            assert m.rows_in == m.rows_planned, pid
+        data = [f for f in m.files if f.startswith("data/")]
         fsys, path = fs.resolve(fs.join(out, data[0]))
-        assert pq.read_metadata(path, filesystem=fsys).num_rows == m["rows_in"], pid
+        assert pq.read_metadata(path, filesystem=fsys).num_rows == m.rows_in, pid
     return markers
 
 

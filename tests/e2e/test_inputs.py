@@ -47,7 +47,7 @@ def _write_shard(path: Path, rows: list[dict]) -> None:
 def _lose(out: Path, pid: str) -> None:
     """Simulate a lost partition: its marker and its files are gone."""
     marker = CheckpointStore(str(out)).marker(pid)
-    for rel in marker["files"]:
+    for rel in marker.files:
         (out / rel).unlink()
     (out / "_checkpoints" / f"{pid}.json").unlink()
 
@@ -95,7 +95,7 @@ def test_webdataset_in_and_out_with_bad_shards_and_resume(ray_local, tmp_path):
     kept = [v for v in trunc if v["status"] == "ok"]
     assert 0 < len(kept) < 4 and all(v["key"] in {p["file"][:-4] for p in photos[6:]} for v in kept)
     # WebDataset output: shards named by the markers, readable by the webdataset library
-    shards = [out / f for m in markers.values() for f in m["files"] if f.startswith("wds/")]
+    shards = [out / f for m in markers.values() for f in m.files if f.startswith("wds/")]
     assert shards and all(s.exists() for s in shards)
     samples = list(wds.WebDataset([str(s) for s in sorted(shards)], shardshuffle=False,
                                   empty_check=False))
@@ -107,14 +107,14 @@ def test_webdataset_in_and_out_with_bad_shards_and_resume(ray_local, tmp_path):
         assert meta["key"] == s["__key__"] and meta["status"] == "ok"
         assert s["jpg"] == row["image"] and s["txt"].decode() == row["caption"]
     for m in markers.values():
-        for f in m["files"]:
-            assert hashlib.sha256((out / f).read_bytes()).hexdigest() == m["sha256"][f]
+        for f in m.files:
+            assert hashlib.sha256((out / f).read_bytes()).hexdigest() == m.sha256[f]
     # resume: lose one partition; the rerun runs only it and the output is the same
-    attempts = {p: m["attempt_id"] for p, m in markers.items()}
+    attempts = {p: m.attempt_id for p, m in markers.items()}
     _lose(out, "p-000001")
     again = run_job(spec)
     assert again.complete and again.partitions_committed == ["p-000001"]
-    after = {p: m["attempt_id"] for p, m in check_accounting(str(out), planned=False).items()}
+    after = {p: m.attempt_id for p, m in check_accounting(str(out), planned=False).items()}
     assert after.keys() == attempts.keys() and after["p-000001"] != attempts["p-000001"]
     assert {p: a for p, a in after.items() if p != "p-000001"} == {
         p: a for p, a in attempts.items() if p != "p-000001"}
@@ -192,7 +192,7 @@ def test_url_manifest_downloads_with_faults_and_resumes(ray_local, tmp_path):
         assert server.counts[f"/status/404/{photos[2]['file']}"] == 1        # no retry on 4xx
         assert set(server.user_agents) == {spec.download.user_agent}
         downloads = report.to_dict()["downloads"]   # summed from the markers
-        assert sum(m["downloads"]["fetches"] for m in markers.values()) == downloads["fetches"] == 12
+        assert sum(m.downloads["fetches"] for m in markers.values()) == downloads["fetches"] == 12
         assert downloads["ok"] == 7                  # 12 - 404, 500, slow, truncated, noai
         assert downloads["requests"] == sum(server.counts.values())
         assert (downloads["failed:http_404"], downloads["failed:http_500"],
@@ -204,8 +204,8 @@ def test_url_manifest_downloads_with_faults_and_resumes(ray_local, tmp_path):
         _lose(out, "p-000000")
         again = run_job(spec)
         assert again.complete and again.partitions_committed == ["p-000000"]
-        assert {p: m["attempt_id"] for p, m in check_accounting(str(out)).items()}["p-000001"] == \
-            markers["p-000001"]["attempt_id"]
+        assert {p: m.attempt_id for p, m in check_accounting(str(out)).items()}["p-000001"] == \
+            markers["p-000001"].attempt_id
         refetched = {p for p in server.counts if server.counts[p] != before.get(p, 0)}
         assert refetched and all(any(u.endswith(p) for u in urls[:6]) for p in refetched)
 
@@ -256,11 +256,11 @@ def test_video_job_rows_errors_and_resume(ray_local, tmp_path):
             assert r["image"] == r["frames"][len(r["frames"]) // 2]
             assert r["sha256"] == hashlib.sha256((src / r["source_uri"].rsplit("/", 1)[1])
                                                  .read_bytes()).hexdigest()
-    attempts = {p: m["attempt_id"] for p, m in markers.items()}
+    attempts = {p: m.attempt_id for p, m in markers.items()}
     _lose(out, "p-000002")
     again = run_job(spec)
     assert again.complete and again.partitions_committed == ["p-000002"]
-    after = {p: m["attempt_id"] for p, m in check_accounting(str(out)).items()}
+    after = {p: m.attempt_id for p, m in check_accounting(str(out)).items()}
     assert {p: a for p, a in after.items() if p != "p-000002"} == {
         p: a for p, a in attempts.items() if p != "p-000002"}
     assert {k: (v["status"], v["frame_timestamps_s"], v["frames"])

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.errors import PlanError
 from pipeline.io import plan as planning
-from pipeline.io.checkpoint import CheckpointStore, committed_files
+from pipeline.io.checkpoint import CheckpointStore, committed_files, read_committed
 from pipeline.io.sources import make_datasource
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec
@@ -32,8 +32,7 @@ def make_spec(src: Path, out: Path, **over) -> JobSpec:
 
 
 def read_output(out: Path):
-    files = committed_files(str(out))
-    return pq.ParquetDataset(files).read() if files else None
+    return read_committed(str(out)) if committed_files(str(out)) else None
 
 
 def test_mixed_real_input_end_to_end(ray_local, mixed_input, tmp_path):
@@ -78,7 +77,7 @@ def test_mixed_real_input_end_to_end(ray_local, mixed_input, tmp_path):
     assert pa.types.is_fixed_size_list(emb_type) and emb_type.list_size == 384
     assert emb_type.value_type == pa.float32()
     # quarantine: exactly the error rows, with their original bytes
-    q_files = [out / f for m in markers.values() for f in m["files"] if f.startswith("quarantine/")]
+    q_files = [out / f for m in markers.values() for f in m.files if f.startswith("quarantine/")]
     quarantined = {r["key"]: r for f in q_files for r in pq.read_table(f).to_pylist()}
     assert set(quarantined) == {k for k, r in rows.items() if r["status"] == "error"}
     assert quarantined["truncated_jpeg"]["source_bytes"] == (
@@ -92,10 +91,10 @@ def test_rerun_skips_committed_partitions_and_modes(ray_local, mixed_input, tmp_
     out = tmp_path / "out"
     spec = make_spec(mixed_input, out, text_embedding={"enabled": False})
     first = run_job(spec)
-    attempts = {p: m["attempt_id"] for p, m in CheckpointStore(str(out)).markers().items()}
+    attempts = {p: m.attempt_id for p, m in CheckpointStore(str(out)).markers().items()}
     again = run_job(spec)
     assert again.partitions_committed == [] and len(again.partitions_skipped) == 4
-    assert {p: m["attempt_id"] for p, m in CheckpointStore(str(out)).markers().items()} == attempts
+    assert {p: m.attempt_id for p, m in CheckpointStore(str(out)).markers().items()} == attempts
     assert again.rows_by_status == first.rows_by_status
     with pytest.raises(PlanError, match="another spec fingerprint"):
         run_job(make_spec(mixed_input, out, text_embedding={"enabled": False},
@@ -106,7 +105,7 @@ def test_rerun_skips_committed_partitions_and_modes(ray_local, mixed_input, tmp_
     over = run_job(make_spec(mixed_input, out, runtime={"mode": "overwrite"},
                              text_embedding={"enabled": False}))
     assert len(over.partitions_committed) == 4
-    new = {p: m["attempt_id"] for p, m in CheckpointStore(str(out)).markers().items()}
+    new = {p: m.attempt_id for p, m in CheckpointStore(str(out)).markers().items()}
     assert set(new) == set(attempts) and not set(new.values()) & set(attempts.values())
 
 

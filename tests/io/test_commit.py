@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 from pipeline import cli
 from pipeline.io import plan as planning
 from pipeline.io.checkpoint import CheckpointStore, committed_files
-from pipeline.io.sources import make_datasource
-from pipeline.runtime.partition import build_steps, process_partition
-from pipeline.spec import JobSpec, fingerprint
+from pipeline.assembly import assemble
+from pipeline.runtime.partition import run_partition
+from pipeline.spec import JobSpec
 
 
 def test_second_attempt_loses_the_race_and_deletes_its_files(mixed_input, tmp_path, capsys):
@@ -21,22 +21,22 @@ def test_second_attempt_loses_the_race_and_deletes_its_files(mixed_input, tmp_pa
     spec = JobSpec.model_validate({
         "source": {"kind": "files", "uri": str(mixed_input), "partition_size": 10},
         "sink": {"uri": str(out)}, "text_embedding": {"enabled": False}})
-    source = make_datasource(spec.source, spec.decode)
-    plan, _ = planning.load_or_create(str(out), spec.source, source.list_inputs)
-    part = planning.read_partition(str(out), plan.partition_ids[0])
     pool = ThreadPoolExecutor(2)
-    fp = fingerprint(spec)
-    first = process_partition(part, "aaaa", spec, fp, source, build_steps(spec, pool), None, pool)
-    second = process_partition(part, "bbbb", spec, fp, source, build_steps(spec, pool), None, pool)
-    assert first["committed"] and not second["committed"]
+    pipeline = assemble(spec, executor=pool, setup=True)
+    plan, _ = planning.load_or_create(str(out), spec.source, pipeline.datasource.list_inputs)
+    part = planning.read_partition(str(out), plan.partition_ids[0])
+    fp = pipeline.fingerprint
+    first = run_partition(pipeline, part, "aaaa", pool)
+    second = run_partition(pipeline, part, "bbbb", pool)
+    assert first.committed and not second.committed
     marker = CheckpointStore(str(out)).markers()[part.partition_id]
-    assert marker["attempt_id"] == "aaaa" and marker["fingerprint"] == fp
+    assert marker.attempt_id == "aaaa" and marker.fingerprint == fp
     assert not (out / "data" / part.partition_id / "a-bbbb").exists()
     assert not (out / "quarantine" / part.partition_id / "a-bbbb").exists()
     files = committed_files(str(out))
     assert len(files) == 1 and "a-aaaa" in files[0]
-    assert pq.read_table(files[0]).num_rows == marker["rows_in"] == len(part.inputs)
-    for rel, digest in marker["sha256"].items():
+    assert pq.read_table(files[0]).num_rows == marker.rows_in == len(part.inputs)
+    for rel, digest in marker.sha256.items():
         assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == digest
     assert cli.main(["status", str(out)]) == 0
     status = json.loads(capsys.readouterr().out)
@@ -56,13 +56,12 @@ def test_gc_on_a_relative_output_path_deletes_only_unreferenced_files(
         "source": {"kind": "files", "uri": str(mixed_input), "partition_size": 10},
         "sink": {"uri": "output/x", "webdataset": {"enabled": True}},
         "text_embedding": {"enabled": False}})
-    source = make_datasource(spec.source, spec.decode)
-    plan, _ = planning.load_or_create("output/x", spec.source, source.list_inputs)
-    part = planning.read_partition("output/x", plan.partition_ids[0])
     pool = ThreadPoolExecutor(2)
-    out = process_partition(part, "aaaa", spec, fingerprint(spec), source,
-                            build_steps(spec, pool), None, pool)
-    assert out["committed"] and any(f.startswith("wds/") for f in out["files"])
+    pipeline = assemble(spec, executor=pool, setup=True)
+    plan, _ = planning.load_or_create("output/x", spec.source, pipeline.datasource.list_inputs)
+    part = planning.read_partition("output/x", plan.partition_ids[0])
+    out = run_partition(pipeline, part, "aaaa", pool)
+    assert out.committed and any(f.startswith("wds/") for f in out.marker.files)
     stray = tmp_path / "output/x/data" / part.partition_id / "a-dead" / "part-00000.parquet"
     stray.parent.mkdir(parents=True)
     stray.write_bytes(b"partial")
@@ -70,6 +69,6 @@ def test_gc_on_a_relative_output_path_deletes_only_unreferenced_files(
     assert [f.rsplit("/a-", 1)[1] for f in committed_files("output/x")] == ["aaaa/part-00000.parquet"]
     assert cli.main(["gc", "output/x", "--min-age-s", "0"]) == 0
     assert not stray.exists()
-    for rel in out["files"]:
+    for rel in out.marker.files:
         assert (tmp_path / "output/x" / rel).exists(), rel
     capsys.readouterr()

@@ -56,7 +56,7 @@ def test_404_not_retried(srv):
     f = fetcher()
     body, err = f.fetch(srv.url("status/404", NAME))
     assert body is None
-    assert err == f"failed_to_download: {srv.url('status/404', NAME)}: HTTP 404"
+    assert str(err) == f"failed_to_download: {srv.url('status/404', NAME)}: HTTP 404"
     assert srv.counts[f"/status/404/{NAME}"] == 1
     assert f.stats["failed:http_404"] == 1 and f.stats.get("retries", 0) == 0
 
@@ -65,14 +65,14 @@ def test_404_not_retried(srv):
 def test_5xx_retried_then_failed(srv, code):
     f = fetcher(retries=2)
     body, err = f.fetch(srv.url(f"status/{code}", NAME))
-    assert body is None and err.startswith("failed_to_download: ") and err.endswith(f"HTTP {code}")
+    assert body is None and str(err).startswith("failed_to_download: ") and str(err).endswith(f"HTTP {code}")
     assert srv.counts[f"/status/{code}/{NAME}"] == 3
     assert f.stats["retries"] == 2 and f.stats["requests"] == 3
 
 
 def test_retries_zero(srv):
     f = fetcher(retries=0)
-    assert f.fetch(srv.url("status/500", NAME))[1].endswith("HTTP 500")
+    assert str(f.fetch(srv.url("status/500", NAME))[1]).endswith("HTTP 500")
     assert srv.counts[f"/status/500/{NAME}"] == 1
 
 
@@ -86,7 +86,7 @@ def test_flaky_recovers(srv):
 def test_flaky_beyond_retries(srv):
     f = fetcher(retries=2)
     body, err = f.fetch(srv.url("flaky/3", NAME))
-    assert body is None and err.endswith("HTTP 503")
+    assert body is None and str(err).endswith("HTTP 503")
     assert srv.counts[f"/flaky/3/{NAME}"] == 3
 
 
@@ -94,7 +94,7 @@ def test_backoff_first_delay_then_doubles(srv):
     # backoff_s is the first retry's delay; then 2x: 0.15 + 0.3 (+ jitter up to 0.15 each).
     f = fetcher(retries=2, backoff_s=0.15)
     t0 = time.monotonic()
-    assert f.fetch(srv.url("status/502", NAME))[1].endswith("HTTP 502")
+    assert str(f.fetch(srv.url("status/502", NAME))[1]).endswith("HTTP 502")
     elapsed = time.monotonic() - t0
     assert 0.44 <= elapsed < 2.0, elapsed
 
@@ -114,7 +114,7 @@ def test_timeout_bounded(srv):
     body, err = f.fetch(srv.url("slow/3", NAME))
     elapsed = time.monotonic() - t0
     assert body is None
-    assert err == f"failed_to_download: {srv.url('slow/3', NAME)}: timeout after 0.3 s"
+    assert str(err) == f"failed_to_download: {srv.url('slow/3', NAME)}: timeout after 0.3 s"
     assert elapsed < 1.5, elapsed  # two attempts of 0.3 s and a short backoff
     assert srv.counts[f"/slow/3/{NAME}"] == 2  # a read timeout before the headers is retried
     assert f.stats["failed:timeout"] == 1
@@ -124,7 +124,7 @@ def test_timeout_mid_body(srv):
     f = fetcher(timeout_s=0.3, retries=2)
     t0 = time.monotonic()
     body, err = f.fetch(srv.url("slowbody/2", NAME))
-    assert body is None and err.endswith("timeout after 0.3 s reading the body")
+    assert body is None and str(err).endswith("timeout after 0.3 s reading the body")
     assert time.monotonic() - t0 < 1.5
     assert srv.counts[f"/slowbody/2/{NAME}"] == 1  # a failed body read is not retried
 
@@ -136,7 +136,7 @@ def test_trickling_body_bounded_by_max_time(srv):
     t0 = time.monotonic()
     body, err = f.fetch(srv.url("trickle/4", big))
     assert body is None
-    assert err == (f"failed_to_download: {srv.url('trickle/4', big)}: "
+    assert str(err) == (f"failed_to_download: {srv.url('trickle/4', big)}: "
                    "download took longer than max_time_s 0.5 s")
     assert time.monotonic() - t0 < 0.5 + 1.0 + 0.5      # max_time_s + one read + slack
     ok = fetcher(timeout_s=1.0, max_time_s=10)
@@ -154,7 +154,7 @@ def test_truncated(srv):
     f = fetcher()
     body, err = f.fetch(srv.url("truncated", NAME))
     assert body is None
-    assert err == (f"failed_to_download: {srv.url('truncated', NAME)}: truncated body: "
+    assert str(err) == (f"failed_to_download: {srv.url('truncated', NAME)}: truncated body: "
                    f"got {len(DATA) // 2} of {len(DATA)} bytes")
     assert f.stats["failed:truncated"] == 1
     # The pool is still usable afterwards.
@@ -188,7 +188,7 @@ def test_robots(srv, directive, expected):
         assert err is None and body == DATA
     else:
         assert body is None
-        assert err == f"failed_to_download: {url}: opted out by X-Robots-Tag: {expected}"
+        assert str(err) == f"failed_to_download: {url}: opted out by X-Robots-Tag: {expected}"
         assert f.stats["failed:opted_out"] == 1
 
 
@@ -196,7 +196,7 @@ def test_robots_every_header_counts(srv):
     f = fetcher()
     q = lambda s: urllib.parse.quote(s, safe="")  # noqa: E731
     url = srv.url(f"robots2/{q('otherbot: noai')}/{q('noindex')}", NAME)
-    assert f.fetch(url)[1].endswith("opted out by X-Robots-Tag: noindex")
+    assert str(f.fetch(url)[1]).endswith("opted out by X-Robots-Tag: noindex")
     url = srv.url(f"robots2/{q('otherbot: noai')}/{q('nofollow')}", NAME)
     assert f.fetch(url)[0] == DATA
 
@@ -214,9 +214,9 @@ def test_opt_out_and_too_large_do_not_read_body(tmp_path):
     with FaultHTTPServer(str(tmp_path)) as big:
         f = fetcher()
         url = robots_url(big, "noai").replace(NAME, "big.jpg")
-        assert f.fetch(url)[1].endswith("opted out by X-Robots-Tag: noai")
+        assert str(f.fetch(url)[1]).endswith("opted out by X-Robots-Tag: noai")
         f2 = fetcher(max_bytes=size - 1)
-        assert f2.fetch(big.url("ok", "big.jpg"))[1] == f"too_large: {size} bytes > max_bytes {size - 1}"
+        assert str(f2.fetch(big.url("ok", "big.jpg"))[1]) == f"too_large: {size} bytes > max_bytes {size - 1}"
         assert f.fetch(big.url("ok", "big.jpg"))[0] == DATA * 135
         time.sleep(0.2)
         assert big.body_bytes_sent == {"/ok/big.jpg": size}
@@ -237,7 +237,7 @@ def test_is_disallowed_unit():
 def test_too_large_by_content_length(srv):
     f = fetcher(max_bytes=len(DATA) - 1)
     body, err = f.fetch(srv.url("ok", NAME))
-    assert body is None and err == f"too_large: {len(DATA)} bytes > max_bytes {len(DATA) - 1}"
+    assert body is None and str(err) == f"too_large: {len(DATA)} bytes > max_bytes {len(DATA) - 1}"
     assert f.fetch(srv.url("ok", NAME)) == (None, err)  # the connection was dropped cleanly
     assert fetcher(max_bytes=len(DATA)).fetch(srv.url("ok", NAME))[0] == DATA
 
@@ -245,7 +245,7 @@ def test_too_large_by_content_length(srv):
 def test_too_large_without_content_length(srv):
     f = fetcher(max_bytes=1000)
     body, err = f.fetch(srv.url("chunked", NAME))
-    assert body is None and err == "too_large: more than 1000 bytes > max_bytes 1000"
+    assert body is None and str(err) == "too_large: more than 1000 bytes > max_bytes 1000"
     assert fetcher().fetch(srv.url("chunked", NAME)) == (DATA, None)
 
 
@@ -262,14 +262,14 @@ def test_redirect_followed(srv):
 def test_unsupported_scheme(srv, url):
     f = fetcher()
     body, err = f.fetch(url)
-    assert body is None and err.startswith(f"failed_to_download: {url}: unsupported scheme")
+    assert body is None and str(err).startswith(f"failed_to_download: {url}: unsupported scheme")
     assert not srv.counts and f.stats.get("requests", 0) == 0
 
 
 @pytest.mark.parametrize("url", ["http:///a.jpg", "http://[::1/a.jpg"])
 def test_invalid_url(url):
     body, err = fetcher().fetch(url)
-    assert body is None and err.startswith(f"failed_to_download: {url}: invalid url")
+    assert body is None and str(err).startswith(f"failed_to_download: {url}: invalid url")
 
 
 def test_connection_refused_retried():
@@ -278,7 +278,7 @@ def test_connection_refused_retried():
         port = s.getsockname()[1]
     f = fetcher(retries=2)
     body, err = f.fetch(f"http://127.0.0.1:{port}/ok/{NAME}")
-    assert body is None and f"failed_to_download: http://127.0.0.1:{port}/ok/{NAME}: connection " in err
+    assert body is None and f"failed_to_download: http://127.0.0.1:{port}/ok/{NAME}: connection " in str(err)
     assert f.stats["retries"] == 2 and f.stats["failed:connection"] == 1
 
 

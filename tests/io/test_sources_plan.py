@@ -20,6 +20,11 @@ from tests.conftest import PHOTOS, coco_captions
 POOL = ThreadPoolExecutor(2)
 
 
+def read_errors(batch) -> list:
+    """The datasource's typed read errors as the ``error`` column's text."""
+    return [None if e is None else str(e) for e in batch["_read_error"]]
+
+
 def test_files_datasource_lists_media_and_sidecars(mixed_input):
     spec = SourceSpec(kind="files", uri=str(mixed_input), partition_size=5)
     src = make_datasource(spec, DecodeSpec())
@@ -30,7 +35,7 @@ def test_files_datasource_lists_media_and_sidecars(mixed_input):
     parts = list(planning.pack(items, spec.partition_size))
     assert [len(p.inputs) for p in parts] == [5, 5, 5, 4]
     assert [p.partition_id for p in parts] == ["p-000000", "p-000001", "p-000002", "p-000003"]
-    batches = list(src.read_batches(parts[0], 3, POOL))
+    batches = list(src.read_partition(parts[0], 3, POOL))
     assert [len(b["key"]) for b in batches] == [3, 2]
     by_key = {r["key"]: (i, r) for i, r in enumerate(coco_captions()[:12])}
     for batch in batches:
@@ -55,8 +60,8 @@ def test_oversized_file_becomes_error_without_reading(mixed_input):
     spec = SourceSpec(kind="files", uri=str(mixed_input), partition_size=100)
     src = make_datasource(spec, DecodeSpec(max_bytes=1000))
     part = next(planning.pack(src.list_inputs(), spec.partition_size))
-    batch = next(src.read_batches(part, 100, POOL))
-    big = [i for i, e in enumerate(batch["error"]) if e and e.startswith("too_large")]
+    batch = next(src.read_partition(part, 100, POOL))
+    big = [i for i, e in enumerate(read_errors(batch)) if e and e.startswith("too_large")]
     assert len(big) >= 13 and all(batch["_source_bytes"][i] is None for i in big)
 
 
@@ -82,7 +87,7 @@ def test_manifest_formats_carry_columns(tmp_path, fmt):
     assert [p.rows_planned for p in parts] == [3, 3, 1]
     fields = {f.name for f in src.extra_fields(parts[1])}
     assert fields == {"meta_width", "license"}   # `width` is reserved: carried as meta_width
-    batch = next(src.read_batches(parts[1], 10, POOL))
+    batch = next(src.read_partition(parts[1], 10, POOL))
     assert batch["key"] == [r["key"] for r in rows[3:6]]
     assert batch["_raw_caption"] == [r["caption"] for r in rows[3:6]]
     assert batch["meta_width"] == [r["width"] for r in rows[3:6]]
@@ -96,9 +101,9 @@ def test_manifest_missing_media_is_a_row_error(tmp_path):
     spec = SourceSpec(kind="manifest", uri=str(path))
     src = make_datasource(spec, DecodeSpec())
     part = next(planning.pack(src.list_inputs(), spec.partition_size))
-    batch = next(src.read_batches(part, 10, POOL))
-    assert batch["error"][0].startswith("read_failed:") and "missing.jpg" in batch["error"][0]
-    assert batch["error"][1].startswith("read_failed:")
+    batch = next(src.read_partition(part, 10, POOL))
+    assert read_errors(batch)[0].startswith("read_failed:") and "missing.jpg" in read_errors(batch)[0]
+    assert read_errors(batch)[1].startswith("read_failed:")
 
 
 def test_plan_is_written_once_and_reused_with_listing_change_warning(mixed_input, tmp_path, caplog):
@@ -145,9 +150,9 @@ def test_corrupt_manifests_are_planned_alone_and_fail_their_partition_naming_the
         with pytest.raises(PartitionError, match=name):
             src.extra_fields(part)
         with pytest.raises(PartitionError, match=f"{name}: cannot read as parquet"):
-            list(src.read_batches(part, 10, POOL))
-    batch = next(src.read_batches(parts[2], 10, POOL))
-    assert batch["key"] == [r["key"] for r in _manifest_rows(5)[3:]] and not any(batch["error"])
+            list(src.read_partition(part, 10, POOL))
+    batch = next(src.read_partition(parts[2], 10, POOL))
+    assert batch["key"] == [r["key"] for r in _manifest_rows(5)[3:]] and not any(read_errors(batch))
 
 
 def test_manifest_enforces_max_bytes_after_reading(tmp_path):
@@ -156,8 +161,8 @@ def test_manifest_enforces_max_bytes_after_reading(tmp_path):
     small = min((PHOTOS / r["file"]).stat().st_size for r in coco_captions()[:2])
     spec = SourceSpec(kind="manifest", uri=str(tmp_path / "m.parquet"), key_column="key")
     src = make_datasource(spec, DecodeSpec(max_bytes=small - 1))
-    batch = next(src.read_batches(next(planning.pack(src.list_inputs(), 10)), 10, POOL))
-    assert all(e.startswith("too_large: ") for e in batch["error"])
+    batch = next(src.read_partition(next(planning.pack(src.list_inputs(), 10)), 10, POOL))
+    assert all(e.startswith("too_large: ") for e in read_errors(batch))
     assert batch["_source_bytes"] == [None, None]
 
 
@@ -190,7 +195,7 @@ def test_webdataset_video_samples_are_staged_per_batch_and_deleted(tmp_path):
     import os
     import tarfile
 
-    from pipeline.records import SOURCE_PATH
+    from pipeline.columns import SOURCE_PATH
     from pipeline.spec import VideoSpec
     from pipeline.steps.video import decode_video
     from tests.conftest import DATA
@@ -213,7 +218,7 @@ def test_webdataset_video_samples_are_staged_per_batch_and_deleted(tmp_path):
     src = make_datasource(spec, DecodeSpec(), None, video)
     part = next(planning.pack(src.list_inputs(), 1))
     keys = []
-    for batch in src.read_batches(part, 2, POOL):
+    for batch in src.read_partition(part, 2, POOL):
         assert len(os.listdir(stage)) == len(batch["key"])
         for key, path, caption in zip(batch["key"], batch[SOURCE_PATH], batch["_raw_caption"]):
             name = next(n for n in names if n.startswith(key))

@@ -13,6 +13,7 @@ import tarfile
 import pytest
 
 from pipeline.io import fs
+from pipeline.records import ErrorReason, RowError
 from pipeline.io.webdataset import (ShardSample, WebDatasetWriter, read_shard,
                                     split_member_name)
 from pipeline.spec import WebDatasetSinkSpec
@@ -44,6 +45,11 @@ def _three_photo_samples() -> list[tuple[str, dict[str, bytes]]]:
             for row in _photo_rows(3)]
 
 
+def _text(error) -> str | None:
+    """A ``RowError`` as the ``error`` column's text (None stays None)."""
+    return None if error is None else str(error)
+
+
 def test_split_member_name_follows_webdataset():
     assert split_member_name("a/b/x.seg.PNG") == ("a/b/x", "seg.png")
     assert split_member_name("000001.jpg") == ("000001", "jpg")
@@ -54,7 +60,7 @@ def test_split_member_name_follows_webdataset():
 def test_t07_noncontiguous_keys_are_two_bad_sample_rows():
     rows = list(read_shard(str(T07)))
     assert [r.key for r in rows] == ["000000062554", "000000099053"]
-    assert [r.error for r in rows] == [
+    assert [_text(r.error) for r in rows] == [
         f"bad_sample: key '000000062554' in shard {T07}: members not contiguous (positions 0, 2)",
         f"bad_sample: key '000000099053' in shard {T07}: members not contiguous (positions 1, 3)",
     ]
@@ -91,7 +97,7 @@ def test_truncated_inside_third_image_keeps_two_samples(tmp_path):
     for row, (key, members) in zip(rows[:2], samples[:2]):
         assert row.error is None and row.members == members
     assert rows[2].members == {}
-    assert rows[2].error == (
+    assert str(rows[2].error) == (
         f"truncated_shard: {shard}: tar ends at byte {cut} inside member "
         f"'{samples[2][0]}.jpg'; 2 complete samples kept; incomplete sample "
         f"'{samples[2][0]}' dropped")
@@ -110,7 +116,7 @@ def test_truncated_inside_header_block(tmp_path):
     assert [r.error is None for r in rows] == [True, True, False]
     assert [r.members for r in rows[:2]] == [samples[0][1], samples[1][1]]
     assert rows[2].key == "hdr#shard"
-    assert rows[2].error == (
+    assert str(rows[2].error) == (
         f"truncated_shard: {shard}: tar ends at byte {third_jpg.offset + 300} inside the "
         f"header of member '{samples[2][0]}.jpg' after member '{samples[1][0]}.txt'; "
         f"2 complete samples kept; incomplete sample '{samples[2][0]}' dropped")
@@ -121,16 +127,16 @@ def test_truncated_inside_header_block(tmp_path):
     rows = list(read_shard(str(shard)))
     assert [r.key for r in rows] == [samples[0][0], "hdr#shard"]
     assert rows[0].members == samples[0][1]
-    assert rows[1].error.startswith(f"truncated_shard: {shard}: tar ends at byte "
+    assert str(rows[1].error).startswith(f"truncated_shard: {shard}: tar ends at byte "
                                     f"{second_txt.offset + 10} inside a member header")
-    assert rows[1].error.endswith(
+    assert str(rows[1].error).endswith(
         f"1 complete samples kept; incomplete sample '{samples[1][0]}' dropped")
     # (c) cut exactly at a member boundary (no end-of-archive marker): last key dropped
     shard.write_bytes(data[:second_txt.offset])
     rows = list(read_shard(str(shard)))
     assert [r.key for r in rows] == [samples[0][0], "hdr#shard"]
-    assert "without the end-of-archive marker" in rows[1].error
-    assert rows[1].error.endswith(f"incomplete sample '{samples[1][0]}' dropped")
+    assert "without the end-of-archive marker" in str(rows[1].error)
+    assert str(rows[1].error).endswith(f"incomplete sample '{samples[1][0]}' dropped")
 
 
 def test_not_a_tar_and_missing_shard_are_read_failed_rows(tmp_path):
@@ -139,10 +145,10 @@ def test_not_a_tar_and_missing_shard_are_read_failed_rows(tmp_path):
     rows = list(read_shard(str(shard)))
     assert len(rows) == 1
     assert rows[0].key == "url_list_named#shard" and rows[0].members == {}
-    assert rows[0].error.startswith(f"read_failed: {shard}: not a readable uncompressed tar")
+    assert str(rows[0].error).startswith(f"read_failed: {shard}: not a readable uncompressed tar")
     missing = tmp_path / "nope.tar"
     assert list(read_shard(str(missing))) == [ShardSample(
-        "nope#shard", str(missing), {}, f"read_failed: {missing}: shard not found")]
+        "nope#shard", str(missing), {}, RowError(ErrorReason.READ_FAILED, f"{missing}: shard not found"))]
 
 
 def test_duplicate_member_is_one_bad_sample_row(tmp_path):
@@ -156,7 +162,7 @@ def test_duplicate_member_is_one_bad_sample_row(tmp_path):
     rows = list(read_shard(str(shard)))
     assert [(r.key, r.error is None) for r in rows] == [("a", True), ("b", False)]
     assert rows[0].members == {"jpg": jpg}
-    assert rows[1].error == f"bad_sample: key 'b' in shard {shard}: duplicate extension 'txt'"
+    assert str(rows[1].error) == f"bad_sample: key 'b' in shard {shard}: duplicate extension 'txt'"
     assert rows[1].members == {}
 
 
@@ -280,9 +286,9 @@ def test_s3_write_then_read_shards(s3_server, s3_env, tmp_path):
     bad = fs.join(root, "cut.tar")
     fs.write_bytes(bad, blobs[0][:len(blobs[0]) // 2])
     rows = list(read_shard(bad, temp_dir=str(staging)))
-    assert rows[-1].key == "cut#shard" and rows[-1].error.startswith(f"truncated_shard: {bad}")
+    assert rows[-1].key == "cut#shard" and str(rows[-1].error).startswith(f"truncated_shard: {bad}")
     missing = fs.join(root, "missing.tar")
-    assert [r.error for r in read_shard(missing)] == [
+    assert [_text(r.error) for r in read_shard(missing)] == [
         f"read_failed: {missing}: shard not found"]
 
     writer.abort()

@@ -14,7 +14,7 @@ from tests.conftest import PHOTOS, coco_captions
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict:
     """name -> directory of ``tiny-clip``, ``tiny-siglip``, ``tiny-blip``, ``tiny-llava``."""
-    from pipeline.models.tiny import build_tiny_models
+    from pipeline.testing.tiny_models import build_tiny_models
 
     return build_tiny_models(tmp_path_factory.mktemp("tiny-models"))
 

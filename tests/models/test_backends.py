@@ -1,6 +1,6 @@
 """The real architectures (CLIP, SigLIP, BLIP, LLaVA) through the registry, in-process on CPU.
 
-Checkpoints are random-initialised and tiny (``pipeline.models.tiny``) but load through the
+Checkpoints are random-initialised and tiny (``pipeline.testing.tiny_models``) but load through the
 same ``from_pretrained(local_dir)`` code as downloaded weights.
 """
 
@@ -12,7 +12,7 @@ import torch
 
 from pipeline.models.registry import load_backend
 from pipeline.models.torch_util import to_device_uint8
-from pipeline.records import CLIP_SCORE, GENERATED_CAPTION, IMAGE_EMBEDDING
+from pipeline.columns import CLIP_SCORE, GENERATED_CAPTION, IMAGE_EMBEDDING
 from pipeline.steps.model_input import model_input
 from tests.conftest import coco_captions
 from tests.models.conftest import photo_pixels, section_spec

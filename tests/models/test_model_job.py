@@ -7,10 +7,9 @@ import json
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from pipeline.io.checkpoint import committed_files
+from pipeline.io.checkpoint import read_committed
 from pipeline.models.registry import load_backend
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec
@@ -55,7 +54,7 @@ def test_clip_score_filter_blip_and_minilm_through_model_actors(ray_local, tiny_
     assert report.complete and report.partitions_total == 5
     check_accounting(str(out))
 
-    table = pq.ParquetDataset(committed_files(str(out))).read()
+    table = read_committed(str(out))
     schema = table.schema
     assert schema.field("image_embedding").type == pa.list_(pa.float16(), 64)
     assert schema.field("clip_score").type == pa.float32()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import SpecError
-from pipeline.spec import fingerprint, load_spec, parse_spec
+from pipeline.assembly import fingerprint
+from pipeline.spec import load_spec, parse_spec
 from tests.conftest import REPO
 
 BASE = {"source": {"kind": "files", "uri": "in"}, "sink": {"uri": "out"}}

@@ -7,13 +7,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow.parquet as pq
 
+from pipeline.assembly import assemble
 from pipeline.io import plan as planning
-from pipeline.io.sources import make_datasource
-from pipeline.models.registry import load_backend
-from pipeline.models.serving import BatchServer
-from pipeline.runtime.model_steps import LocalModelClient, ModelPlan, ModelTask
-from pipeline.runtime.partition import build_steps, process_partition
-from pipeline.spec import JobSpec, fingerprint
+from pipeline.runtime.partition import run_partition
+from pipeline.spec import JobSpec
+from pipeline.testing.local_models import LocalModelClient, local_models
 from tests.conftest import REPO, coco_captions
 
 
@@ -45,24 +43,21 @@ def test_captions_only_for_rows_that_pass_the_score_filter_in_input_order(tiny_m
                             "min_clip_score": 0.0, "max_in_flight": 3},
         "captioning": {"enabled": True, "model": str(tiny_models["tiny-blip"]),
                        "max_new_tokens": 5, "max_in_flight": 3}})
-    clients = {s: Counting(BatchServer(load_backend(s, spec, "cpu"), 16))
-               for s in ("image_embedding", "captioning")}
-    tasks = [ModelTask(s, c, c.server.backend.info, 3) for s, c in clients.items()]
-    plan = ModelPlan.build(spec, tasks)
-    assert [[t.section for t in stage] for stage in plan.stages] == [["image_embedding"],
-                                                                      ["captioning"]]
-    source = make_datasource(spec.source, spec.decode)
-    part = next(planning.pack(source.list_inputs(), spec.source.partition_size))
+    models = local_models(spec, client=Counting)
+    clients = {s: c for s, (c, _) in models.items()}
     pool = ThreadPoolExecutor(2)
-    steps = build_steps(spec, pool, plan.geometries)
-    out = process_partition(part, "beef", spec, fingerprint(spec), source, steps, plan, pool)
-    assert out["committed"] and out["rows_in"] == 20
-    s = out["rows_by_status"]
+    pipeline = assemble(spec, models, pool, setup=True)
+    assert [[t.section for t in stage] for stage in pipeline.models.stages] == [
+        ["image_embedding"], ["captioning"]]
+    part = next(planning.pack(pipeline.datasource.list_inputs(), spec.source.partition_size))
+    out = run_partition(pipeline, part, "beef", pool).marker
+    assert out.rows_in == 20
+    s = out.rows_by_status
     assert s["ok"] + s["rejected"] + s["error"] == 20 and s["rejected"] > 0 and s["ok"] > 0
-    assert out["rows_by_reason"] == {"rejected:low_clip_score": s["rejected"]}
+    assert out.rows_by_reason == {"rejected:low_clip_score": s["rejected"]}
     assert clients["image_embedding"].rows == 20 and clients["captioning"].rows == s["ok"]
     assert all(c.outstanding == 0 and 1 <= c.max_outstanding <= 3 for c in clients.values())
-    rows = pq.read_table(tmp_path / "out" / out["files"][0]).to_pylist()
+    rows = pq.read_table(tmp_path / "out" / out.files[0]).to_pylist()
     for r in rows:
         assert (r["generated_caption"] is not None) == (r["status"] == "ok")
         assert r["clip_score"] is not None and abs(np.linalg.norm(r["image_embedding"]) - 1) < 1e-4

@@ -8,9 +8,8 @@ import shutil
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline.io.checkpoint import committed_files
+from pipeline.io.checkpoint import read_committed
 from pipeline.models.registry import load_backend
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec, VideoSpec
@@ -50,7 +49,7 @@ def test_video_job_with_frame_embeddings_clip_score_and_caption(ray_local, tiny_
     report = run_job(spec)
     assert report.complete and report.partitions_total == 2
     check_accounting(str(out))
-    table = pq.ParquetDataset(committed_files(str(out))).read()
+    table = read_committed(str(out))
     dim = table.schema.field("image_embedding").type.list_size
     assert table.schema.field("frame_embeddings").type == pa.list_(pa.list_(pa.float32(), dim))
     rows = {r["key"]: r for r in table.to_pylist()}

@@ -11,7 +11,7 @@ import pytest
 from pipeline.errors import ModelLoadError
 from pipeline.models import weights
 from pipeline.models.registry import check_models, load_backend, resolve_backend
-from pipeline.records import IMAGE_EMBEDDING
+from pipeline.columns import IMAGE_EMBEDDING
 from tests.models.conftest import section_spec
 
 

@@ -13,7 +13,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pipeline.io.checkpoint import CommitMarker
 from pipeline.runtime import metrics
+from pipeline.runtime.partition import AttemptOutcome
 from tests.conftest import PHOTOS, REPO, coco_captions
 from tests.deploy.local_head import start_head
 
@@ -47,12 +49,16 @@ def test_worker_metrics_count_committed_rows_by_status_and_reason(monkeypatch):
     rec = Recorder()
     monkeypatch.setattr(metrics, "metric", rec)
     wm = metrics.WorkerMetrics("j", 3)
-    wm.partition_done({"committed": True, "rows_by_status": {"ok": 5, "rejected": 3, "error": 1},
-                       "rows_by_reason": {"rejected:duplicate": 2, "rejected:too_small": 1,
-                                          "error:truncated": 1},
-                       "bytes_written": 1000}, 2.5)
-    wm.partition_done({"committed": False, "rows_by_status": {"ok": 9}, "rows_by_reason": {},
-                       "bytes_written": 7}, 1.0)       # lost the commit race: not counted
+    def outcome(committed, rows, bytes_written):
+        marker = CommitMarker(partition_id="p-000000", attempt_id="a", fingerprint="f",
+                              files=[], rows_in=sum(rows.values()), rows_by_status={},
+                              bytes_written=bytes_written)
+        return AttemptOutcome(marker, committed, rows)
+
+    wm.partition_done(outcome(True, {("ok", "none"): 5, ("rejected", "duplicate"): 2,
+                                     ("rejected", "too_small"): 1, ("error", "truncated"): 1},
+                              1000), 2.5)
+    wm.partition_done(outcome(False, {("ok", "none"): 9}, 7), 1.0)  # lost the race: not counted
     wm.partition_failed(0.5)
     counts = {(n, dict(t).get("status"), dict(t).get("reason")): v
               for (n, t), v in rec.values.items() if n == "mmpipe_records"}

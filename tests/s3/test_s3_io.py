@@ -11,10 +11,12 @@ import pytest
 
 from pipeline import cli
 from pipeline.io import fs, plan as planning, retry
-from pipeline.io.checkpoint import CheckpointStore, committed_files, unreferenced_files
+from pipeline.io.checkpoint import (CheckpointStore, CommitMarker, committed_files,
+                                     unreferenced_files)
 from pipeline.io.sources import make_datasource
-from pipeline.runtime.partition import build_steps, process_partition
-from pipeline.spec import JobSpec, fingerprint
+from pipeline.assembly import assemble
+from pipeline.runtime.partition import run_partition
+from pipeline.spec import JobSpec
 from tests.conftest import PHOTOS, upload_dir
 from tests.servers import FaultProxy
 
@@ -36,11 +38,12 @@ def test_conditional_create_is_exclusive_and_idempotent(s3_env):
     assert fs.create_exclusive(uri, b"second") is False
     assert fs.read_bytes(uri) == b"first"
     store = CheckpointStore(f"s3://{s3_env}")
-    marker = {"attempt_id": "aaa", "partition_id": "p-000001"}
-    assert store.commit("p-000001", marker) is True
+    marker = CommitMarker(attempt_id="aaa", partition_id="p-000001", fingerprint="f",
+                          files=[], rows_in=0, rows_by_status={})
+    assert store.commit(marker) is True
     # a retry of our own request after a lost response sees 412 but our own marker: won
-    assert store.commit("p-000001", marker) is True
-    assert store.commit("p-000001", dict(marker, attempt_id="bbb")) is False
+    assert store.commit(marker) is True
+    assert store.commit(marker.model_copy(update={"attempt_id": "bbb"})) is False
 
 
 def test_permanent_errors_fail_fast_naming_the_uri(s3_server, s3_env, monkeypatch):
@@ -95,13 +98,14 @@ def test_commit_race_and_zombie_attempt_on_s3(s3_server, s3_env, mixed_input, ca
     upload_dir(s3_server.client(), s3_env, "in", mixed_input)
     out = f"s3://{s3_env}/out"
     spec = _spec(f"s3://{s3_env}/in", out, batch_size=3)
-    source = make_datasource(spec.source, spec.decode)
+    pool = ThreadPoolExecutor(2)
+    winner_pipeline, zombie_pipeline = (assemble(spec, executor=pool, setup=True)
+                                        for _ in range(2))
+    source = winner_pipeline.datasource
     plan, how = planning.load_or_create(out, spec.source, source.list_inputs)
     assert how == "new" and len(plan) == 2
     part = planning.read_partition(out, plan.partition_ids[0])
     assert part.inputs[0].uri.startswith(f"s3://{s3_env}/in/")
-    fp = fingerprint(spec)
-    pool = ThreadPoolExecutor(2)
 
     class Paused:
         """A datasource that stops a zombie attempt mid-partition until released."""
@@ -112,31 +116,31 @@ def test_commit_race_and_zombie_attempt_on_s3(s3_server, s3_env, mixed_input, ca
         def __getattr__(self, name):
             return getattr(source, name)
 
-        def read_batches(self, partition, batch_size, pool):
-            for i, batch in enumerate(source.read_batches(partition, batch_size, pool)):
+        def read_partition(self, partition, batch_size, pool, stats=None):
+            for i, batch in enumerate(source.read_partition(partition, batch_size, pool, stats)):
                 if i == 1:
                     self.reached.set()
                     self.release.wait(60)
                 yield batch
 
-    paused = Paused()
+    paused = zombie_pipeline.datasource = Paused()
     zombie_result = {}
-    zombie = threading.Thread(target=lambda: zombie_result.update(process_partition(
-        part, "zombie", spec, fp, paused, build_steps(spec, pool), None, pool)))
+    zombie = threading.Thread(target=lambda: zombie_result.update(
+        outcome=run_partition(zombie_pipeline, part, "zombie", pool)))
     zombie.start()
     assert paused.reached.wait(60)
-    winner = process_partition(part, "winner", spec, fp, source, build_steps(spec, pool), None, pool)
-    assert winner["committed"]
+    winner = run_partition(winner_pipeline, part, "winner", pool)
+    assert winner.committed
     paused.release.set()
     zombie.join(60)
-    assert zombie_result["committed"] is False
+    assert zombie_result["outcome"].committed is False
     marker = CheckpointStore(out).markers()[part.partition_id]
-    assert marker["attempt_id"] == "winner"
+    assert marker.attempt_id == "winner"
     files = [e.uri for e in fs.list_files(f"{out}/data")]
     assert files and all("/a-winner/" in f for f in files)       # nothing of the zombie
     assert not any("a-zombie" in e.uri for e in fs.list_files(f"{out}/quarantine"))
     table = pq.read_table(committed_files(out)[0].removeprefix("s3://"), filesystem=fs.s3.filesystem())
-    assert table.num_rows == marker["rows_in"] == 10
+    assert table.num_rows == marker.rows_in == 10
     # a failed attempt's leftovers are garbage: gc lists and deletes exactly those
     stray = f"{out}/data/{part.partition_id}/a-crashed/part-00000.parquet"
     fs.write_bytes(stray, b"partial")
@@ -159,7 +163,7 @@ def test_videos_from_s3_are_staged_one_batch_at_a_time_and_deleted(s3_server, s3
     """media: video from s3:// - each video is streamed to a temporary file in
     video.temp_dir for its batch, decoded from there, and deleted when the next batch is
     requested; at most one batch of videos is on disk."""
-    from pipeline.records import SOURCE_PATH
+    from pipeline.columns import SOURCE_PATH
     from pipeline.steps.video import decode_video
 
     client = s3_server.client()
@@ -175,7 +179,7 @@ def test_videos_from_s3_are_staged_one_batch_at_a_time_and_deleted(s3_server, s3
     part = next(planning.pack(src.list_inputs(), 10))
     seen = []
     with ThreadPoolExecutor(2) as pool:
-        for batch in src.read_batches(part, 2, pool):
+        for batch in src.read_partition(part, 2, pool):
             staged = sorted(temp.iterdir())
             assert len(staged) == len(batch["key"])             # this batch only
             for key, path in zip(batch["key"], batch[SOURCE_PATH]):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.records import SOURCE_BYTES, STATUS
+from pipeline.columns import SOURCE_BYTES, STATUS
 from pipeline.spec import DecodeSpec, DedupSpec, FilterSpec, ResizeSpec
 from pipeline.steps.dedup import DedupStep
 from pipeline.steps.decode import decode_image

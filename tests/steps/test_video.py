@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from pipeline.errors import RecordError
-from pipeline.records import ERROR, STATUS
+from pipeline.columns import ERROR, STATUS
 from pipeline.spec import ResizeSpec, VideoSpec
 from pipeline.steps.video import VideoDecodeStep, VideoFramesStep, decode_video
 
@@ -284,7 +284,7 @@ def test_decode_and_frames_steps_over_a_batch():
     batch = {"key": [p.stem for p in paths], STATUS: ["ok"] * n, ERROR: [None] * n,
              "_source_path": [str(p) for p in paths]}
     resize = ResizeSpec()  # shorter side 256, JPEG q90, no upscale
-    batch = VideoDecodeStep(VideoSpec(sampling="uniform", num_frames=4), resize)(batch)
+    batch = VideoDecodeStep(VideoSpec(sampling="uniform", num_frames=4))(batch)
     assert batch[STATUS] == ["ok", "ok", "error", "error", "error", "ok", "ok"]
     assert [e.split(":")[0] if e else None for e in batch[ERROR]] == [
         None, None, "corrupt_container", "empty_file", "no_frames", None, None]
@@ -314,7 +314,7 @@ def test_frames_step_webp_and_keep_frames():
     n = 1
     batch = {STATUS: ["ok"], ERROR: [None], "_source_path": [str(V03)]}
     resize = ResizeSpec(encode_format="webp", mode="none", quality=80)
-    batch = VideoDecodeStep(VideoSpec(), resize)(batch)
+    batch = VideoDecodeStep(VideoSpec())(batch)
     batch = VideoFramesStep(resize, keep_frames=True)(batch)
     img = Image.open(io.BytesIO(batch["image"][0]))
     assert img.format == "WEBP" and img.size == (60, 100)

@@ -1,0 +1,193 @@
+"""The one assembler: ``JobSpec`` -> ``Pipeline`` (datasource, steps, model stages,
+datasinks, output schema, fingerprint).
+
+Every way of running a job uses the same ``Pipeline``: the ``PartitionWorker`` actor, the
+plain-loop baseline in ``bench/``, and the tests. The media (image or video) and the
+input kind are decided here and nowhere else: the assembler picks the datasource and the
+step classes, each of which then does one thing.
+
+    pipeline = assemble(spec)                       # driver: fingerprint, listing, checks
+    pipeline = assemble(spec, models, executor)     # worker: models bound, steps set up
+    outcome = run_partition(pipeline, partition, attempt_id, pool)   # runtime.partition
+
+The output schema is derived: the columns the datasource, the steps and the model steps
+declare (``writes``), those of kind ``output`` in ``pipeline.columns`` order, typed by
+their declaration or - for model columns - by the bound model; then the datasource's
+carried columns. A column that is not declared fails here (``AssemblyError``), not at
+write. The fingerprint is the sha256 of the settings every part declares as changing
+output rows (``settings()``), so moving a temp directory or resizing the worker pool
+never invalidates committed output, while any setting that changes rows does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.columns import (ERROR, ERROR_REASON, KEY, PARTITION_ID, REJECT_REASON, SOURCE_URI,
+                              STATUS, COLUMNS, lookup, output_order)
+from pipeline.errors import AssemblyError
+from pipeline.io.datasink import Datasink
+from pipeline.io.sinks import ParquetDatasink, QuarantineDatasink
+from pipeline.io.sources import Datasource, make_datasource
+from pipeline.io.wds_sink import WebDatasetDatasink
+from pipeline.records import Partition
+from pipeline.spec import MODEL_SECTIONS, JobSpec
+from pipeline.steps.base import RowStep, Step
+from pipeline.steps.caption import CaptionStep
+from pipeline.steps.dedup import DedupStep
+from pipeline.steps.image import DecodeStep, FilterStep, HashStep, ResizeStep
+from pipeline.steps.model import ModelStages, ModelStep
+from pipeline.steps.model_input import ModelInputStep, ScoreFilterStep
+from pipeline.steps.video import VideoDecodeStep, VideoFramesStep
+
+#: Columns the runner sets on every batch it reads (identity and outcome).
+RUNNER_WRITES = (KEY, PARTITION_ID, SOURCE_URI, STATUS, REJECT_REASON, ERROR_REASON, ERROR)
+
+#: Added CPU steps: ``factory(spec) -> Step | None`` (None: not enabled by this spec), run
+#: in this order after the built-in decode/filter/hash/dedup steps and before the model
+#: inputs and the resize/encode step, so they see the decoded ``_pixels``. Adding a step
+#: is one new module under ``pipeline/steps/`` plus one line here (DESIGN.md).
+STEP_FACTORIES: list[Callable[[JobSpec], Step | None]] = []
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """An assembled job: see the module docstring. ``steps`` are the CPU steps in order;
+    ``models`` the model steps in stages (with the filters between stages)."""
+
+    spec: JobSpec
+    datasource: Datasource
+    steps: list[Step]
+    models: ModelStages
+    datasinks: list[Datasink]
+
+    @property
+    def parts(self) -> list[Step]:
+        """Every step, CPU and model, with the filters between model stages."""
+        return self.steps + [p for stage, filters in zip(self.models.stages, self.models.filters)
+                             for p in stage + filters]
+
+    @property
+    def writes(self) -> set[str]:
+        """Every declared column a batch of this pipeline can hold."""
+        return set(RUNNER_WRITES) | set(self.datasource.writes) | {
+            c for p in self.parts for c in p.writes}
+
+    def fields(self) -> list[pa.Field]:
+        """The output fields in declaration order (model columns need bound models)."""
+        typed = {f.name: f for p in self.parts for f in p.fields()}
+        names = {n for n in self.writes if lookup(n).kind == "output"}
+        return [typed[n] if n in typed else COLUMNS[n].field() for n in output_order(names)]
+
+    def schema(self, partition: Partition) -> pa.Schema:
+        """Schema of the data files of ``partition``: ``fields()`` + carried columns."""
+        return pa.schema(self.fields() + self.datasource.extra_fields(partition))
+
+    def settings(self) -> dict[str, Any]:
+        """The output-affecting settings of every part, in pipeline order."""
+        return {"datasource": self.datasource.settings(),
+                "steps": {p.name: p.settings() for p in self.parts},
+                "datasinks": {s.name: s.settings() for s in self.datasinks}}
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits of the sha256 of ``settings()`` (sorted-key JSON)."""
+        blob = json.dumps(self.settings(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _cpu_steps(spec: JobSpec, geometries: list) -> list[Step]:
+    """Images: caption, decode, filter, hash, dedup, model inputs (if a model takes images),
+    resize. Video: caption, video decode (sha256 of the file, pHash of the middle frame),
+    filter, dedup, model inputs (an (F, h, w, 3) stack per record), frame encoding."""
+    takes_images = spec.image_embedding.enabled or spec.captioning.enabled
+    added = [s for s in (factory(spec) for factory in STEP_FACTORIES) if s is not None]
+    inputs = [ModelInputStep(geometries)] if takes_images else []
+    if spec.source.media == "video":
+        return ([CaptionStep(spec.captions), VideoDecodeStep(spec.video),
+                 FilterStep(spec.filters), DedupStep(spec.dedup)] + added + inputs
+                + [VideoFramesStep(spec.resize)])
+    # JPEG draft decoding keeps the pixels large enough for every consumer
+    draft = spec.resize.size_px if spec.resize.mode != "none" else None
+    if draft is not None and geometries:
+        draft = max([draft] + [g.min_side_px for g in geometries])
+    return ([CaptionStep(spec.captions), DecodeStep(spec.decode, draft), FilterStep(spec.filters),
+             HashStep(), DedupStep(spec.dedup)] + added + inputs + [ResizeStep(spec.resize)])
+
+
+def _model_stages(spec: JobSpec, models: dict[str, tuple] | None) -> ModelStages:
+    """Stage 0: every model but a captioner that must wait for the score filter."""
+    video = spec.source.media == "video"
+    steps = [ModelStep(s, getattr(spec, s), video) for s in MODEL_SECTIONS
+             if getattr(spec, s).enabled]
+    if models is not None:
+        for step in steps:
+            if step.section not in models:
+                raise AssemblyError(f"{step.section} is enabled but no model was given for it")
+            step.bind(*models[step.section])
+    gate = spec.image_embedding.enabled and spec.image_embedding.min_clip_score is not None
+    later = [t for t in steps if gate and t.section == "captioning"]
+    first = [t for t in steps if t not in later]
+    stages, filters = [first], [[ScoreFilterStep(spec.image_embedding.min_clip_score)] if gate
+                                else []]
+    if later:
+        stages.append(later)
+        filters.append([])
+    return ModelStages(stages, filters)
+
+
+def _datasinks(spec: JobSpec) -> list[Datasink]:
+    sinks: list[Datasink] = [ParquetDatasink(spec.sink.uri, spec.sink)]
+    if spec.sink.quarantine:
+        sinks.append(QuarantineDatasink(spec.sink.uri, spec.sink))
+    if spec.sink.webdataset.enabled:
+        sinks.append(WebDatasetDatasink(spec.sink.uri, spec.sink.webdataset,
+                                        spec.resize.encode_format))
+    return sinks
+
+
+def assemble(spec: JobSpec, models: dict[str, tuple] | None = None,
+             executor: Executor | None = None, setup: bool = False) -> Pipeline:
+    """Assemble the pipeline of ``spec``.
+
+    ``models``: section -> ``(client, ModelInfo)`` for every enabled model section (a
+    worker's pools, or in-process backends); None leaves model steps unbound (enough for
+    the fingerprint, the listing and the checks, not to run). ``executor``: threads for
+    row steps. ``setup``: call every step's ``setup()``.
+
+    Raises ``AssemblyError`` if a part writes an undeclared column or a model is missing.
+    """
+    geometries = [info.image for _, info in (models or {}).values() if info.image is not None]
+    pipeline = Pipeline(spec, make_datasource(spec.source, spec.decode, spec.download, spec.video),
+                        _cpu_steps(spec, geometries), _model_stages(spec, models),
+                        _datasinks(spec))
+    _check_declared(pipeline)
+    for step in pipeline.steps:
+        if isinstance(step, RowStep):
+            step.executor = executor
+        if setup:
+            step.setup()
+    return pipeline
+
+
+def _check_declared(pipeline: Pipeline) -> None:
+    for part in [pipeline.datasource] + pipeline.parts:
+        for name in part.writes:
+            try:
+                lookup(name)
+            except KeyError as e:
+                owner = getattr(part, "name", type(part).__name__)
+                raise AssemblyError(f"{owner} writes {name!r}, which is not declared in "
+                                    "pipeline.columns") from e
+
+
+def fingerprint(spec: JobSpec) -> str:
+    """The fingerprint of ``spec``'s pipeline (``Pipeline.fingerprint``)."""
+    return assemble(spec).fingerprint

@@ -1,0 +1,146 @@
+"""Every column of a batch and of the output, declared once: name, Arrow type, meaning.
+
+A ``Batch`` is a dict of equal-length Python lists, one per column. Steps, datasources,
+datasinks and model backends name columns only through the constants of this module;
+``declare`` registers a column and returns its name, so the constant and its declaration
+are one line. The output schema of a job is derived from the columns its assembled
+pipeline writes (``pipeline.assembly``); a step that declares a column not declared here
+fails when the pipeline is assembled, never silently at write.
+
+Kinds:
+
+* ``output``: written to the data files (``Column.arrow_type``; ``None`` means the type is
+  set by the step that writes it when the pipeline is assembled, e.g. a model's
+  ``fixed_size_list<float32>[D]`` whose D comes from the loaded checkpoint).
+* ``quarantine``: written to quarantine files only (the source bytes of error rows).
+* ``internal``: lives in batches only (decoded pixels, staged paths); never written.
+  ``family=True`` declares a prefix: e.g. one internal column per model input geometry.
+
+Internal names start with ``_``; output names never do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import pyarrow as pa
+
+Batch = dict[str, list[Any]]
+Kind = Literal["output", "quarantine", "internal"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One declared column (see the module docstring for ``kind`` and ``family``)."""
+
+    name: str
+    arrow_type: pa.DataType | None
+    description: str
+    kind: Kind = "output"
+    family: bool = False
+
+    def field(self, arrow_type: pa.DataType | None = None) -> pa.Field:
+        """The Arrow field; ``arrow_type`` is required (and only allowed) for columns
+        typed at assembly. Raises ``ValueError`` otherwise."""
+        if (arrow_type is None) == (self.arrow_type is None):
+            raise ValueError(f"column {self.name!r}: "
+                             + ("its type is set at assembly" if arrow_type is None else
+                                f"declared as {self.arrow_type}; cannot retype it"))
+        return pa.field(self.name, arrow_type or self.arrow_type)
+
+
+COLUMNS: dict[str, Column] = {}
+
+
+def declare(name: str, arrow_type: pa.DataType | None, description: str,
+            kind: Kind = "output", family: bool = False) -> str:
+    """Register a column and return its name. Raises ``ValueError`` on a second
+    declaration of ``name`` or an internal/output name mismatch."""
+    if name in COLUMNS:
+        raise ValueError(f"column {name!r} is declared twice")
+    if (kind == "internal") != name.startswith("_"):
+        raise ValueError(f"column {name!r}: internal names, and only they, start with '_'")
+    COLUMNS[name] = Column(name, arrow_type, description, kind, family)
+    return name
+
+
+def lookup(name: str) -> Column:
+    """The declaration of ``name`` (a family member resolves to its family).
+    Raises ``KeyError`` naming the column if it was never declared."""
+    if name in COLUMNS:
+        return COLUMNS[name]
+    for col in COLUMNS.values():
+        if col.family and name.startswith(col.name):
+            return col
+    raise KeyError(f"column {name!r} is not declared in pipeline.columns")
+
+
+def output_order(names: set[str]) -> list[str]:
+    """``names`` in declaration order (the output schema's column order)."""
+    return [n for n in COLUMNS if n in names]
+
+
+# --- identity and outcome (every row) -----------------------------------------------
+KEY = declare("key", pa.string(), "Record key: file stem, manifest key or WebDataset __key__.")
+PARTITION_ID = declare("partition_id", pa.string(), "Partition that produced the row.")
+SOURCE_URI = declare("source_uri", pa.string(), "Where the record's media came from.")
+STATUS = declare("status", pa.string(), "ok | rejected | error (records.Status).")
+REJECT_REASON = declare("reject_reason", pa.string(), "records.RejectReason when rejected.")
+ERROR_REASON = declare("error_reason", pa.string(), "records.ErrorReason when status=error.")
+ERROR = declare("error", pa.string(), "'<error_reason>: <message>' when status=error.")
+# --- decoded media ---------------------------------------------------------------------
+WIDTH = declare("width", pa.int32(), "Upright full-resolution width (pixels).")
+HEIGHT = declare("height", pa.int32(), "Upright full-resolution height (pixels).")
+MIME = declare("mime", pa.string(), "MIME type sniffed from the bytes.")
+FORMAT = declare("format", pa.string(), "Pillow format name (images) or container (video).")
+N_FRAMES = declare("n_frames", pa.int32(), "Animation frames or TIFF pages (images).")
+IS_ANIMATED = declare("is_animated", pa.bool_(), "Multi-frame GIF/APNG/WebP/AVIF/HEIF.")
+HAS_ALPHA = declare("has_alpha", pa.bool_(), "The source had transparency.")
+SHA256 = declare("sha256", pa.string(), "sha256 (hex) of the source bytes.")
+PHASH = declare("phash", pa.uint64(), "64-bit DCT perceptual hash (imagehash.phash).")
+DUPLICATE_OF = declare("duplicate_of", pa.string(), "Key of the kept row this duplicates.")
+DUPLICATE_HAMMING = declare("duplicate_hamming", pa.int32(), "pHash distance (bits) to it.")
+CAPTION = declare("caption", pa.large_string(), "Normalised caption (None if missing).")
+CAPTION_FLAGS = declare("caption_flags", pa.list_(pa.string()), "Caption normalisation flags.")
+IMAGE = declare("image", pa.binary(), "Resized, re-encoded image (video: middle frame).")
+IMAGE_WIDTH = declare("image_width", pa.int32(), "Width of `image` (pixels).")
+IMAGE_HEIGHT = declare("image_height", pa.int32(), "Height of `image` (pixels).")
+# --- video ----------------------------------------------------------------------------------
+DURATION_S = declare("duration_s", pa.float64(), "Decoded duration (seconds).")
+FPS = declare("fps", pa.float64(), "Measured mean frame rate (Hz).")
+FRAME_COUNT = declare("frame_count", pa.int32(), "Frames decoded.")
+FRAME_TIMESTAMPS_S = declare("frame_timestamps_s", pa.list_(pa.float64()),
+                             "Presentation times of the sampled frames (seconds).")
+PARTIAL = declare("partial", pa.bool_(), "Some packets did not decode.")
+DECODE_ERRORS = declare("decode_errors", pa.int32(), "Packets that failed to decode.")
+ROTATION_DEG = declare("rotation_deg", pa.int32(), "Clockwise rotation applied (degrees).")
+VIDEO_CODEC = declare("video_codec", pa.string(), "FFmpeg decoder name.")
+FRAMES_ENCODED = declare("frames", pa.list_(pa.binary()), "Sampled frames, encoded like image.")
+# --- model outputs (typed by the model at assembly) -----------------------------------------
+TEXT_EMBEDDING = declare("text_embedding", None, "Caption embedding, L2-normalised.")
+IMAGE_EMBEDDING = declare("image_embedding", None, "Image (video: pooled) embedding.")
+CLIP_SCORE = declare("clip_score", None, "Cosine of image and caption embeddings.")
+FRAME_EMBEDDINGS = declare("frame_embeddings", None, "Video: one embedding per sampled frame.")
+GENERATED_CAPTION = declare("generated_caption", None, "Caption generated by a model.")
+# --- datasource metadata --------------------------------------------------------------------
+METADATA_JSON = declare("metadata_json", pa.string(), "Sidecar/member JSON minus the caption.")
+# --- quarantine -----------------------------------------------------------------------------
+SOURCE_BYTES_OUT = declare("source_bytes", pa.binary(), "Original bytes of an error row.",
+                           kind="quarantine")
+# --- internal -------------------------------------------------------------------------------
+SOURCE_BYTES = declare("_source_bytes", None, "Media bytes as read.", kind="internal")
+RAW_CAPTION = declare("_raw_caption", None, "Caption as read (any JSON value or bytes).",
+                      kind="internal")
+READ_ERROR = declare("_read_error", None, "records.RowError from the datasource, or None.",
+                     kind="internal")
+PIXELS = declare("_pixels", None, "Decoded (H, W, 3) uint8 RGB.", kind="internal")
+SOURCE_PATH = declare("_source_path", None, "Video: a local file holding the media.",
+                      kind="internal")
+FRAMES = declare("_frames", None, "Video: sampled (H, W, 3) uint8 RGB frames.", kind="internal")
+MODEL_PIXELS = declare("_model_pixels_", None, "A model's (h, w, 3) uint8 input (video: "
+                       "(F, h, w, 3)), one column per ImageGeometry.", kind="internal",
+                       family=True)
+
+#: Output names a carried manifest column may not take (it becomes ``meta_<name>``).
+RESERVED = frozenset(n for n, c in COLUMNS.items() if c.kind != "internal")

@@ -1,1 +1,0 @@
-"""Developer tools: local servers for examples and tests (not on the data path)."""

@@ -1,0 +1,67 @@
+"""``AttemptStats``: what one partition attempt did, counted while it runs.
+
+Rows are counted as the runner hands batches to the datasinks, by status and by typed
+reason (``"rejected:duplicate"``, ``"error:not_an_image"``); storage retries are reported
+by the retry policy while the attempt observes it (``retry.POLICY.observe``); downloads by
+the attempt's own ``HttpFetcher``. The commit marker is built from these counters, never
+from deltas of process-wide ones.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from pipeline.columns import ERROR_REASON, REJECT_REASON, STATUS, Batch
+from pipeline.records import Status
+
+
+
+
+class AttemptStats:
+    """Counters of one attempt: ``rows`` by ``(status, reason)`` (reason ``"none"`` for ok
+    rows), ``retried_requests``/``throttled_requests`` (storage) and ``downloads`` (HTTP
+    counters of ``HttpFetcher.stats``). Thread-safe for ``storage_retry``."""
+
+    def __init__(self):
+        self.rows: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.retried_requests = 0
+        self.throttled_requests = 0
+        self.downloads: collections.Counter = collections.Counter()
+        self._lock = threading.Lock()
+
+    def count_rows(self, batch: Batch) -> None:
+        """Count a finished batch's rows by ``status`` and by its typed reason column."""
+        for i, status in enumerate(batch[STATUS]):
+            reason = (batch[REJECT_REASON][i] if status == Status.REJECTED.value
+                      else batch[ERROR_REASON][i] if status == Status.ERROR.value else None)
+            self.rows[(status, reason or "none")] += 1
+
+    def storage_retry(self, throttled: bool) -> None:
+        """Called by ``retry.RetryPolicy`` for each retried storage request."""
+        with self._lock:
+            self.retried_requests += 1
+            self.throttled_requests += int(throttled)
+
+    def add_downloads(self, counters: dict[str, int]) -> None:
+        """Add an ``HttpFetcher``'s counters (zero counters are dropped)."""
+        self.downloads.update({k: v for k, v in counters.items() if v})
+
+    @property
+    def rows_in(self) -> int:
+        return sum(self.rows.values())
+
+    @property
+    def rows_by_status(self) -> dict[str, int]:
+        """Every ``Status`` value -> rows (0 included)."""
+        out = {s.value: 0 for s in Status}
+        for (status, _), n in self.rows.items():
+            out[status] += n
+        return out
+
+    @property
+    def rows_by_reason(self) -> dict[str, int]:
+        """``"<status>:<reason>"`` -> rows, for rejected and error rows (the marker's form:
+        JSON object keys are strings)."""
+        return {f"{s}:{r}": n for (s, r), n in sorted(self.rows.items())
+                if s != Status.OK.value}

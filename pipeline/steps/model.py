@@ -1,0 +1,261 @@
+"""Model steps inside a partition: one mechanism for every served model (no Ray here).
+
+A ``ModelStep`` is one model section (``text_embedding``, ``image_embedding``,
+``captioning``) as the assembler declares it: the columns it writes and the settings that
+change them, known from the spec alone. A worker binds it to a client (``submit(inputs)
+-> handle``, ``result(handle) -> outputs``, optionally ``ready(handle) -> bool``) and the
+loaded model's ``ModelInfo`` (which inputs, which output columns and their types). The
+assembler orders model steps in ``ModelStages``: stage 0 runs every model whose input is
+known after the CPU steps (text and image embeddings, in parallel); a later stage runs only on rows still ``ok`` after the
+previous stage's filters (captioning after the ``min_clip_score`` filter, so no GPU time
+is spent captioning rejected images).
+
+Video rows carry an (F, h, w, 3) stack of their F sampled frames instead of one image:
+an embedding model gets every frame (the caption repeated per frame) and the row gets the
+mean-pooled, L2-normalised ``image_embedding`` (the clip embedding), the per-frame vectors
+in ``frame_embeddings`` and the mean of the per-frame scalar outputs (``clip_score``); a
+captioner gets the middle sampled frame.
+
+Per batch, the worker submits the stage's steps (whole columns: a (n, H, W, 3) uint8
+array, a list of captions) and moves on to the next batch; at most ``max_in_flight``
+batches wait for models (the smallest K of the steps). The oldest batch is completed
+(remaining stages waited for in order) and written when the bound is reached, so rows are
+written in input order and memory stays bounded. A batch whose stage finished early is
+advanced to its next stage without waiting (``promote``), when the client can say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.columns import (CAPTION, CLIP_SCORE, FRAME_EMBEDDINGS, GENERATED_CAPTION,
+                              IMAGE_EMBEDDING, STATUS, TEXT_EMBEDDING, Batch, lookup)
+from pipeline.errors import ModelLoadError
+from pipeline.records import Status
+from pipeline.spec import SERVING_FIELDS
+from pipeline.steps.base import Step
+
+if TYPE_CHECKING:  # steps do not import models at run time (import direction)
+    from pipeline.models.base import ModelInfo
+
+
+def section_writes(section: str, section_spec: Any, video: bool) -> tuple[str, ...]:
+    """The columns a model section writes, from its spec alone (before any model loads)."""
+    if section == "text_embedding":
+        return (TEXT_EMBEDDING,)
+    if section == "image_embedding":
+        return ((IMAGE_EMBEDDING,) + ((CLIP_SCORE,) if section_spec.score else ())
+                + ((FRAME_EMBEDDINGS,) if video else ()))
+    return (GENERATED_CAPTION,)
+
+
+class ModelStep(Step):
+    """One served model as a step of the pipeline (see the module docstring).
+
+    ``section``: the spec section; ``section_spec``: its settings (the serving fields,
+    ``spec.SERVING_FIELDS``, change where and how fast, not what, and are left out of
+    ``settings()``); ``video``: rows are videos (image inputs are (F, h, w, 3) frame
+    stacks). ``bind(client, info)`` attaches the model; ``fields()`` then gives the Arrow
+    types. Raises ``ModelLoadError`` at bind if the model returns an undeclared column.
+    """
+
+    def __init__(self, section: str, section_spec: Any, video: bool = False):
+        self.section = section
+        self.section_spec = section_spec
+        self.video = video
+        self.writes = section_writes(section, section_spec, video)
+        self.max_in_flight = section_spec.max_in_flight
+        self.client: Any = None
+        self.info: ModelInfo | None = None
+
+    @property
+    def name(self) -> str:
+        return f"ModelStep[{self.section}]"
+
+    def settings(self) -> dict[str, Any]:
+        return self.section_spec.model_dump(mode="json", exclude=set(SERVING_FIELDS))
+
+    def bind(self, client: Any, info: "ModelInfo") -> "ModelStep":
+        """Attach a client and the loaded model's ``info``; return self."""
+        written = {f.name for f in info.outputs} | ({FRAME_EMBEDDINGS} if self.per_frame(info)
+                                                    else set())
+        if not written <= set(self.writes):
+            raise ModelLoadError(f"{self.section}: the model returns {sorted(written)}, the "
+                                 f"step declares {sorted(self.writes)}")
+        self.client, self.info = client, info
+        return self
+
+    def per_frame(self, info: "ModelInfo | None" = None) -> bool:
+        """Video: every frame goes to the model (embeddings), not just the middle one."""
+        info = info or self.info
+        return self.video and info.image is not None and any(
+            f.kind == "vector" for f in info.outputs)
+
+    def fields(self) -> list[pa.Field]:
+        """Arrow fields of the model's columns (``frame_embeddings`` for video embeddings:
+        list<fixed_size_list>); needs ``bind``."""
+        if self.info is None:
+            raise ModelLoadError(f"{self.section}: not bound to a model; column types unknown")
+        out = [lookup(f.name).field(f.arrow().type) for f in self.info.outputs]
+        if self.per_frame():
+            emb = next(f for f in out if f.name == IMAGE_EMBEDDING)
+            out.append(lookup(FRAME_EMBEDDINGS).field(pa.list_(emb.type)))
+        return out
+
+    def _kinds(self) -> list[tuple[str, str]]:
+        """(column, kind) per output column: kinds as ``OutputField``, ``vectors`` for
+        per-frame embeddings."""
+        kinds = [(f.name, f.kind) for f in self.info.outputs]
+        if self.per_frame():
+            kinds.append((FRAME_EMBEDDINGS, "vectors"))
+        return kinds
+
+    def rows(self, batch: Batch) -> list[int]:
+        """Rows to send: ``ok`` rows that have this model's required inputs."""
+        rows = [i for i, s in enumerate(batch[STATUS]) if s == Status.OK.value]
+        if self.info.text == "required":
+            rows = [i for i in rows if batch[CAPTION][i] is not None]
+        if self.info.image is not None:
+            col = batch.get(self.info.image.column)
+            rows = [i for i in rows if col is not None and col[i] is not None]
+        return rows
+
+    def _counts(self, batch: Batch, rows: list[int]) -> list[int]:
+        """Model inputs per row: frames for per-frame video rows, else 1."""
+        if not self.per_frame():
+            return [1] * len(rows)
+        col = batch[self.info.image.column]
+        return [col[i].shape[0] for i in rows]
+
+    def inputs(self, batch: Batch, rows: list[int]) -> dict[str, Any]:
+        """The model's inputs for ``rows``: ``pixels`` (n, H, W, 3) uint8, ``text``."""
+        out: dict[str, Any] = {}
+        counts = self._counts(batch, rows)
+        if self.info.image is not None:
+            col = batch[self.info.image.column]
+            if self.per_frame():
+                out["pixels"] = np.concatenate([col[i] for i in rows])
+            elif self.video:
+                out["pixels"] = np.stack([col[i][len(col[i]) // 2] for i in rows])
+            else:
+                out["pixels"] = np.stack([col[i] for i in rows])
+        if self.info.text is not None:
+            out["text"] = [batch[CAPTION][i] for i, c in zip(rows, counts) for _ in range(c)]
+        return out
+
+    def apply(self, batch: Batch, rows: list[int], outputs: dict[str, Any]) -> None:
+        """Set the model's columns on ``rows`` from its ``outputs`` (pooled per video)."""
+        counts = self._counts(batch, rows)
+        bounds = np.cumsum([0] + counts)
+        for name, kind in self._kinds():
+            column = batch[name]
+            source = outputs[IMAGE_EMBEDDING if kind == "vectors" else name]
+            for j, i in enumerate(rows):
+                values = source[bounds[j]:bounds[j + 1]]
+                column[i] = _pool(values, kind) if self.per_frame() else values[0]
+                if kind == "float":
+                    v = column[i]
+                    column[i] = None if v is None or math.isnan(v) else float(v)
+
+    def __call__(self, batch: Batch) -> Batch:
+        """Run the model on a batch synchronously (``ModelStages`` pipelines it instead)."""
+        stages = ModelStages([[self]], [[]])
+        return stages.finish(stages.start(batch))
+
+
+def _pool(values: Any, kind: str) -> Any:
+    """One video row's per-frame outputs -> its value: ``vectors``: the (F, D) array as
+    is; ``vector``: the L2-normalised mean (F, D) -> (D,); ``float``: the mean (NaN-aware;
+    None if every frame is NaN)."""
+    if kind == "vectors":
+        return np.asarray(values)
+    if kind == "vector":
+        mean = np.asarray(values, dtype=np.float32).mean(axis=0)
+        norm = float(np.linalg.norm(mean))
+        return (mean / norm if norm > 0 else mean).astype(np.asarray(values).dtype)
+    if kind == "float":
+        arr = np.asarray(values, dtype=np.float64)
+        return None if np.isnan(arr).all() else float(np.nanmean(arr))
+    return values[0]
+
+
+@dataclasses.dataclass
+class _InFlight:
+    batch: Batch
+    stage: int = -1
+    calls: list = dataclasses.field(default_factory=list)  # (step, rows, handle)
+
+
+class ModelStages:
+    """The model steps of a job in stages, with the filters that run after each stage.
+
+    ``start(batch)`` submits a batch's first stage; ``promote`` advances entries whose
+    stage finished (without blocking); ``finish`` waits for the rest. ``max_in_flight``:
+    the smallest bound of the steps (batches a worker keeps waiting on the models).
+    """
+
+    def __init__(self, stages: list[list[ModelStep]], filters: list[list[Step]]):
+        self.stages, self.filters = stages, filters
+        steps = self.steps
+        self.max_in_flight = min((t.max_in_flight for t in steps), default=1)
+
+    @property
+    def steps(self) -> list[ModelStep]:
+        return [t for stage in self.stages for t in stage]
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        return tuple(c for t in self.steps for c in t.writes)
+
+    def start(self, batch: Batch) -> _InFlight:
+        """Set every output column to None and submit the first stage."""
+        n = len(batch[STATUS])
+        for name in self.writes:
+            batch[name] = [None] * n
+        entry = _InFlight(batch)
+        self._advance(entry)
+        return entry
+
+    def _advance(self, entry: _InFlight) -> None:
+        """Collect the current stage (blocking), run its filters, submit the next stage
+        that has rows to send; ``entry.stage`` ends at ``len(stages)`` when done."""
+        if entry.stage >= 0:
+            for step, rows, handle in entry.calls:
+                step.apply(entry.batch, rows, step.client.result(handle))
+            for f in self.filters[entry.stage]:
+                entry.batch = f(entry.batch)
+        entry.calls = []
+        while not entry.calls and entry.stage < len(self.stages):
+            entry.stage += 1
+            for step in self.stages[entry.stage] if entry.stage < len(self.stages) else []:
+                rows = step.rows(entry.batch)
+                if rows:
+                    entry.calls.append((step, rows, step.client.submit(step.inputs(entry.batch, rows))))
+
+    def done(self, entry: _InFlight) -> bool:
+        return entry.stage >= len(self.stages)
+
+    def finish(self, entry: _InFlight) -> Batch:
+        """Wait for every remaining stage of ``entry``; return its batch."""
+        while not self.done(entry):
+            self._advance(entry)
+        return entry.batch
+
+    def promote(self, pending) -> None:
+        """Move entries whose current (non-final) stage has finished on to their next
+        stage, without blocking; needs clients that define ``ready``."""
+        for entry in pending:
+            if entry.stage + 1 >= len(self.stages) or not entry.calls:
+                continue
+            if all(_ready(step.client, handle) for step, _, handle in entry.calls):
+                self._advance(entry)
+
+
+def _ready(client, handle) -> bool:
+    ready = getattr(type(client), "ready", None)  # a wrapper's __getattr__ does not count
+    return bool(ready(client, handle)) if ready is not None else False

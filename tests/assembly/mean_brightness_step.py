@@ -1,0 +1,28 @@
+"""A step added the documented way (DESIGN.md "How to add a step"): this one file - its
+column declared once, the step declaring what it writes and which setting changes it -
+plus one registration line (``assembly.STEP_FACTORIES``)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from pipeline.columns import PIXELS, declare
+from pipeline.steps.base import RowStep
+
+MEAN_BRIGHTNESS = declare("mean_brightness", pa.float32(),
+                          "Mean of the decoded RGB pixels, 0..255 (a test step).")
+
+
+class MeanBrightnessStep(RowStep):
+    """``_pixels`` (H, W, 3) uint8 -> ``mean_brightness`` float32, rounded to ``digits``."""
+
+    writes = (MEAN_BRIGHTNESS,)
+
+    def __init__(self, digits: int = 2):
+        self.digits = digits
+
+    def settings(self):
+        return {"digits": self.digits}
+
+    def process_row(self, batch, i):
+        return {MEAN_BRIGHTNESS: round(float(batch[PIXELS][i].mean()), self.digits)}

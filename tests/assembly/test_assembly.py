@@ -1,0 +1,133 @@
+"""The assembled pipeline: derived schema, declared columns, fingerprint, an added step."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+import pytest
+
+from pipeline import assembly
+from pipeline.assembly import assemble, fingerprint
+from pipeline.errors import AssemblyError
+from pipeline.io import plan as planning
+from pipeline.io.checkpoint import CheckpointStore, read_committed
+from pipeline.runtime.driver import foreign_output_message
+from pipeline.runtime.partition import run_partition
+from pipeline.spec import JobSpec, load_spec
+from pipeline.steps.base import RowStep
+from pipeline.steps.decode import decode_image
+from tests.assembly.mean_brightness_step import MeanBrightnessStep
+from tests.conftest import PHOTOS, REPO
+
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+URLS = REPO / "examples" / "url_manifest.yaml"
+
+
+def _files_spec(tmp_path, **extra) -> JobSpec:
+    return JobSpec.model_validate({
+        "source": {"kind": "files", "uri": str(PHOTOS), "partition_size": 6},
+        "sink": {"uri": str(tmp_path / "out")}, "text_embedding": {"enabled": False}, **extra})
+
+
+def test_schema_is_derived_from_what_the_pipeline_writes(tmp_path):
+    image = assemble(_files_spec(tmp_path))
+    names = [f.name for f in image.fields()]
+    assert names[:7] == ["key", "partition_id", "source_uri", "status", "reject_reason",
+                         "error_reason", "error"]
+    assert {"phash", "duplicate_of", "image", "metadata_json"} <= set(names)
+    assert not {"frames", "duration_s", "text_embedding"} & set(names)
+    video = assemble(JobSpec.model_validate({
+        "source": {"kind": "files", "media": "video", "uri": str(REPO / "data/videos")},
+        "sink": {"uri": str(tmp_path / "v")}, "text_embedding": {"enabled": False}}))
+    vnames = [f.name for f in video.fields()]
+    assert {"frames", "duration_s", "frame_timestamps_s", "image"} <= set(vnames)
+    assert not {"n_frames", "is_animated", "has_alpha"} & set(vnames)   # image-only columns
+    assert video.fields()[vnames.index("frames")].type == pa.list_(pa.binary())
+
+
+def test_a_step_writing_an_undeclared_column_fails_at_assembly(tmp_path, monkeypatch):
+    class Sloppy(RowStep):
+        writes = ("brightness_typo",)
+
+    monkeypatch.setattr(assembly, "STEP_FACTORIES", [lambda spec: Sloppy()])
+    with pytest.raises(AssemblyError, match="Sloppy writes 'brightness_typo', which is not "
+                                            "declared in pipeline.columns"):
+        assemble(_files_spec(tmp_path))
+
+
+def test_a_step_that_writes_more_than_it_declares_fails_the_partition(tmp_path, monkeypatch):
+    class Leaky(RowStep):
+        def process_row(self, batch, i):
+            return {}
+
+        def __call__(self, batch):
+            batch["undeclared"] = [1] * len(batch["key"])
+            return batch
+
+    monkeypatch.setattr(assembly, "STEP_FACTORIES", [lambda spec: Leaky()])
+    spec = _files_spec(tmp_path)
+    pool = ThreadPoolExecutor(2)
+    pipeline = assemble(spec, executor=pool, setup=True)
+    part = next(planning.pack(pipeline.datasource.list_inputs(), 6))
+    with pytest.raises(AssemblyError, match=r"Leaky wrote undeclared columns \['undeclared'\]"):
+        run_partition(pipeline, part, "a1", pool)
+    assert not (tmp_path / "out" / "data").exists()          # the attempt's files are gone
+
+
+def test_an_added_step_in_one_file_and_one_line_reaches_the_output(tmp_path, monkeypatch):
+    monkeypatch.setattr(assembly, "STEP_FACTORIES", [lambda spec: MeanBrightnessStep()])
+    spec = _files_spec(tmp_path)
+    pool = ThreadPoolExecutor(2)
+    pipeline = assemble(spec, executor=pool, setup=True)
+    assert pipeline.settings()["steps"]["MeanBrightnessStep"] == {"digits": 2}
+    plan = planning.write_plan(spec.sink.uri, pipeline.datasource.list_inputs(), spec.source)
+    part = planning.read_partition(spec.sink.uri, plan.partition_ids[0])
+    out = run_partition(pipeline, part, "a1", pool)
+    assert out.committed and out.marker.rows_in == 6
+    table = read_committed(spec.sink.uri)
+    assert table.schema.field("mean_brightness").type == pa.float32()
+    for row in table.to_pylist():
+        assert row["status"] == "ok"
+        with open(row["source_uri"], "rb") as f:   # the decode step's JPEG draft for 256 px
+            pixels = decode_image(f.read(), draft_min_side_px=256).pixels
+        assert row["mean_brightness"] == pytest.approx(round(float(pixels.mean()), 2), abs=1e-3)
+        assert 0 < row["mean_brightness"] < 255
+    # its setting is part of the fingerprint
+    monkeypatch.setattr(assembly, "STEP_FACTORIES", [lambda spec: MeanBrightnessStep(3)])
+    assert assemble(spec).fingerprint != pipeline.fingerprint
+
+
+def test_fingerprint_follows_output_affecting_settings_only():
+    base = fingerprint(load_spec(URLS))
+    for same in ("video.temp_dir=/tmp/elsewhere", "runtime.num_workers=7",
+                 "runtime.batch_size=5", "download.threads=3", "download.max_per_host=1",
+                 "text_embedding.replicas=4", "runtime.max_attempts=9"):
+        assert fingerprint(load_spec(URLS, [same])) == base, same
+    for changed in ("download.timeout_s=1", "download.max_time_s=5", "download.retries=0",
+                    "download.backoff_s=2", "download.user_agent=other/1.0",
+                    "download.disallowed_header_directives=[]", "decode.max_bytes=1000",
+                    "decode.max_pixels=1000", "resize.size_px=128", "dedup.near=false",
+                    "sink.quarantine=false", "sink.webdataset.enabled=true"):
+        assert fingerprint(load_spec(URLS, [changed])) != base, changed
+
+
+def test_an_output_of_another_fingerprint_is_refused_naming_the_changed_setting(tmp_path):
+    spec = load_spec(QUICKSTART, ["text_embedding.enabled=false", "source.partition_size=20"],
+                     output_uri=str(tmp_path / "out"))
+    pool = ThreadPoolExecutor(2)
+    pipeline = assemble(spec, executor=pool, setup=True)
+    plan = planning.write_plan(spec.sink.uri, pipeline.datasource.list_inputs(), spec.source)
+    run_partition(pipeline, planning.read_partition(spec.sink.uri, plan.partition_ids[0]),
+                  "a1", pool)
+    changed = assemble(load_spec(QUICKSTART, ["text_embedding.enabled=false",
+                                              "source.partition_size=20", "filters.min_width_px=500"],
+                                 output_uri=str(tmp_path / "out")))
+    done, foreign = CheckpointStore(spec.sink.uri).committed(changed.fingerprint)
+    assert not done and list(foreign) == ["p-000000"]
+    message = foreign_output_message(spec.sink.uri, foreign, changed.fingerprint,
+                                     changed.settings())
+    assert (f"1 partitions were committed under another spec fingerprint "
+            f"({pipeline.fingerprint}; this spec has {changed.fingerprint})") in message
+    assert "settings changed: steps.FilterStep.min_width_px: 64 -> 500" in message
+    assert "use --mode overwrite or a new output location" in message
