@@ -84,11 +84,6 @@ def pack(items: Iterable[InputItem], partition_size: int) -> Iterator[Partition]
         yield Partition(partition_name(index), tuple(current))
 
 
-def partition_size(spec: SourceSpec) -> int:
-    """Items per partition: ``shards_per_partition`` for WebDataset, else ``partition_size``."""
-    return spec.shards_per_partition if spec.kind == "webdataset" else spec.partition_size
-
-
 class _ListingHash:
     """sha256 over every item's ``(uri, size_bytes, caption_uri, row range)``, streaming."""
 
@@ -118,10 +113,12 @@ def _writer(uri: str, schema: pa.Schema) -> pq.ParquetWriter:
     return pq.ParquetWriter(path, schema, filesystem=fsys, compression="zstd")
 
 
-def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec) -> PartitionPlan:
+def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec,
+               items_per_partition: int | None = None) -> PartitionPlan:
     """Plan ``items`` (already in deterministic order) and write ``_plan/`` incrementally.
 
-    Raises ``PlanError`` if there are no items.
+    ``items_per_partition``: the datasource's (``Datasource.items_per_partition``; default
+    ``spec.partition_size``). Raises ``PlanError`` if there are no items.
     """
     listing = _ListingHash()
     ids: list[str] = []
@@ -130,7 +127,8 @@ def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec) ->
     buffer: dict[str, list] = {n: [] for n in _SCHEMA.names}
     writer = _writer(OutputLayout(output_uri).plan, _SCHEMA)
     try:
-        for part in pack((listing.add(i) for i in items), partition_size(spec)):
+        for part in pack((listing.add(i) for i in items),
+                         items_per_partition or spec.partition_size):
             ids.append(part.partition_id)
             rows.append(part.rows_planned)
             n_inputs.append(len(part.inputs))
@@ -191,7 +189,8 @@ def read_partition(output_uri: str, partition_id: str) -> Partition:
 
 
 def load_or_create(output_uri: str, spec: SourceSpec,
-                   list_items: Callable[[], Iterable[InputItem]]) -> tuple[PartitionPlan, str]:
+                   list_items: Callable[[], Iterable[InputItem]],
+                   items_per_partition: int | None = None) -> tuple[PartitionPlan, str]:
     """Return ``(plan, how)``: the stored plan if there is one, else a new written plan.
 
     ``how`` is ``"new"``, ``"stored"``, ``"stored, input listing changed"`` or
@@ -201,7 +200,7 @@ def load_or_create(output_uri: str, spec: SourceSpec,
     """
     stored = read_plan(output_uri)
     if stored is None:
-        return write_plan(output_uri, list_items(), spec), "new"
+        return write_plan(output_uri, list_items(), spec, items_per_partition), "new"
     if stored.source_sha256 != source_sha256(spec):
         raise PlanError(f"{output_uri}: the stored plan was made for another source spec; "
                         f"use --mode overwrite or a new output location")

@@ -82,6 +82,15 @@ class Datasource:
         """Arrow fields of carried (undeclared, per-input) columns; default none."""
         return []
 
+    @property
+    def items_per_partition(self) -> int:
+        """Planned items per partition (``source.partition_size``): records here."""
+        return self.spec.partition_size
+
+    def rows_planned(self, partition: Partition) -> int | None:
+        """Records ``partition`` is planned to yield (None: known only once read)."""
+        return partition.rows_planned
+
     def read_partition(self, partition: Partition, batch_size: int, pool: ThreadPoolExecutor,
                        stats: AttemptStats | None = None) -> Iterator[Batch]:
         """Yield the partition's records as batches of at most ``batch_size`` rows.
@@ -288,6 +297,15 @@ class WebDatasetDatasource(Datasource):
     truncated shards become error rows (``pipeline.io.webdataset.read_shard``)."""
 
     writes = Datasource.writes + (METADATA_JSON,)
+
+    @property
+    def items_per_partition(self) -> int:
+        """Whole shards per partition (``source.shards_per_partition``)."""
+        return self.spec.shards_per_partition
+
+    def rows_planned(self, partition: Partition) -> int | None:
+        """None: a shard's samples are known only once it is read."""
+        return None
 
     def list_inputs(self) -> Iterator[InputItem]:
         size = fs.file_size(self.spec.uri)

@@ -57,7 +57,8 @@ def run_job(spec: JobSpec) -> JobReport:
     check_models(spec)  # fail now, naming the model location, not in an actor
     prepare_output(spec)
     plan, how = planning.load_or_create(spec.sink.uri, spec.source,
-                                        pipeline.datasource.list_inputs)
+                                        pipeline.datasource.list_inputs,
+                                        pipeline.datasource.items_per_partition)
     store = CheckpointStore(spec.sink.uri)
     done, foreign = store.committed(fp)
     if foreign:

@@ -132,8 +132,7 @@ def _marker(pipeline: Pipeline, partition: Partition, attempt_id: str, result: W
         version=MARKER_VERSION, partition_id=partition.partition_id, attempt_id=attempt_id,
         fingerprint=pipeline.fingerprint, files=list(result.files), sha256=result.sha256,
         rows_in=stats.rows_in,
-        # WebDataset: samples are unknown until the shards are read
-        rows_planned=None if pipeline.spec.source.kind == "webdataset" else partition.rows_planned,
+        rows_planned=pipeline.datasource.rows_planned(partition),
         rows_by_status=stats.rows_by_status, rows_by_reason=stats.rows_by_reason,
         bytes_written=result.bytes_written, started_at=started, finished_at=finished,
         duration_s=round(finished - started, 3), mmpipe_version=__version__,

@@ -71,9 +71,13 @@ def test_jpeg_draft_matches_full_decode_closely():
 def test_filters_reject_with_reason_and_keep_rows():
     batch = {"key": ["a", "b", "c"], STATUS: ["ok", "ok", "error"], "error": [None, None, "x"],
              "reject_reason": [None] * 3, "width": [640, 50, 10], "height": [100, 400, 10]}
-    out = FilterStep(FilterSpec(min_width_px=64, max_aspect_ratio=3.0))(batch)
+    step = FilterStep(FilterSpec(min_width_px=64, max_aspect_ratio=3.0))
+    out = step(batch)
     assert out[STATUS] == ["rejected", "rejected", "error"]
     assert out["reject_reason"] == ["aspect_ratio", "too_small", None]
+    assert step.rejected == {"aspect_ratio": 1, "too_small": 1}     # the Filter's counters
+    step.start_partition("p-000001")
+    assert step.rejected == {}
 
 
 def test_hashes_and_exact_and_near_dedup_inside_partition():
