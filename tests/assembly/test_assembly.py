@@ -131,3 +131,31 @@ def test_an_output_of_another_fingerprint_is_refused_naming_the_changed_setting(
             f"({pipeline.fingerprint}; this spec has {changed.fingerprint})") in message
     assert "settings changed: steps.FilterStep.min_width_px: 64 -> 500" in message
     assert "use --mode overwrite or a new output location" in message
+
+
+def test_reasons_are_typed_from_the_step_to_the_columns_and_the_marker(mixed_input, tmp_path):
+    spec = JobSpec.model_validate({
+        "source": {"kind": "files", "uri": str(mixed_input), "partition_size": 100},
+        "sink": {"uri": str(tmp_path / "out")}, "text_embedding": {"enabled": False},
+        "filters": {"min_width_px": 400}})
+    pool = ThreadPoolExecutor(2)
+    pipeline = assemble(spec, executor=pool, setup=True)
+    part = next(planning.pack(pipeline.datasource.list_inputs(), 100))
+    marker = run_partition(pipeline, part, "a1", pool).marker
+    rows = read_committed(spec.sink.uri).to_pylist()
+    counted: dict[str, int] = {}
+    for r in rows:
+        if r["status"] == "error":
+            assert r["error"].startswith(f"{r['error_reason']}: ") and r["reject_reason"] is None
+            key = f"error:{r['error_reason']}"
+        elif r["status"] == "rejected":
+            assert r["error_reason"] is None and r["error"] is None
+            key = f"rejected:{r['reject_reason']}"
+        else:
+            assert r["error_reason"] is None and r["reject_reason"] is None
+            continue
+        counted[key] = counted.get(key, 0) + 1
+    assert marker.rows_by_reason == counted
+    assert {"rejected:duplicate", "rejected:too_small"} <= set(counted)
+    assert sum(v for k, v in counted.items() if k.startswith("error:")) == 4  # as in e2e
+    assert marker.rows_in == len(rows) == len(part.inputs)

@@ -331,3 +331,32 @@ def test_concurrent_mixed(srv):
     assert s["fetches"] == len(urls)
     assert s["failed:http_404"] == 4 and s["failed:truncated"] == 4 and s["failed:opted_out"] == 4
     f.close()
+
+
+def test_a_partition_read_closes_its_downloads_and_counts_them(srv, tmp_path):
+    """URL manifests: each partition read has its own fetcher; its download threads are
+    gone when the read ends, and its counters go to that attempt's statistics."""
+    import json
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.io.plan import pack
+    from pipeline.io.sources import make_datasource
+    from pipeline.io.stats import AttemptStats
+    from pipeline.spec import DecodeSpec, SourceSpec
+
+    manifest = tmp_path / "urls.jsonl"
+    urls = [srv.url("ok", NAME), srv.url("status/404", NAME), srv.url("ok", NAME) + "?2"]
+    manifest.write_text("".join(json.dumps({"url": u}) + "\n" for u in urls))
+    source = make_datasource(SourceSpec(kind="manifest", uri=str(manifest)), DecodeSpec(),
+                             DownloadSpec(retries=0, threads=4))
+    part = next(pack(source.list_inputs(), 10))
+    stats = AttemptStats()
+    with ThreadPoolExecutor(2) as pool:
+        batches = list(source.read_partition(part, 2, pool, stats))
+    errors = [e for b in batches for e in b["_read_error"]]
+    assert [None if e is None else e.reason.value for e in errors] == [
+        None, "failed_to_download", None]
+    assert not [t for t in threading.enumerate() if t.name.startswith("mmpipe-download")]
+    assert stats.downloads["fetches"] == 3 and stats.downloads["ok"] == 2
+    assert stats.downloads["failed:http_404"] == 1
