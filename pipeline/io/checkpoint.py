@@ -181,10 +181,14 @@ def committed_files(output_uri: str) -> list[str]:
 def read_committed(output_uri: str, columns: list[str] | None = None):
     """The committed output as one ``pyarrow.Table`` (only files named by markers, in
     partition order; ``columns``: a subset). The one reader of committed output used by
-    tests, benchmarks, examples and the README."""
+    tests, benchmarks, examples and the README. Raises ``FileNotFoundError`` if no
+    partition is committed (there is then no schema to read)."""
     import pyarrow.parquet as pq
 
     files = committed_files(output_uri)
-    fsys, _ = fs.resolve(files[0] if files else output_uri)
+    if not files:
+        raise FileNotFoundError(f"{output_uri}: no committed data files (no commit markers "
+                                "in _checkpoints/)")
+    fsys, _ = fs.resolve(files[0])
     paths = [fs.resolve(f)[1] for f in files]
     return pq.ParquetDataset(paths, filesystem=fsys).read(columns=columns)
