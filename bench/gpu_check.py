@@ -140,7 +140,7 @@ def through_mmpipe(spec, gpu: bool) -> dict:
     report = run_job(spec)
     wall = time.time() - t0
     markers = CheckpointStore(spec.sink.uri).markers().values()
-    window = max(m["finished_at"] for m in markers) - min(m["started_at"] for m in markers)
+    window = max(m.finished_at for m in markers) - min(m.started_at for m in markers)
     actor = report.model_actors[0] if report.model_actors else {}
     return {"images_per_s": round(report.rows_processed / window, 1),
             "records": report.rows_processed, "window_s": round(window, 2),

@@ -1,6 +1,6 @@
-"""A step added the documented way (DESIGN.md "How to add a step"): this one file - its
-column declared once, the step declaring what it writes and which setting changes it -
-plus one registration line (``assembly.STEP_FACTORIES``)."""
+"""A step added the documented way (DESIGN.md, "Extending the pipeline", "Add a step"):
+this one file - its column declared once, the step declaring what it writes and which
+setting changes it - plus its entry in ``assembly.STEP_FACTORIES`` (the test adds it)."""
 
 from __future__ import annotations
 
