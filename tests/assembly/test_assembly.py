@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
@@ -159,3 +160,23 @@ def test_reasons_are_typed_from_the_step_to_the_columns_and_the_marker(mixed_inp
     assert {"rejected:duplicate", "rejected:too_small"} <= set(counted)
     assert sum(v for k, v in counted.items() if k.startswith("error:")) == 4  # as in e2e
     assert marker.rows_in == len(rows) == len(part.inputs)
+
+
+def test_an_output_of_an_older_mmpipe_is_refused_saying_so(tmp_path):
+    """A version-1 marker (no ``version``, no ``settings``) still parses; the refusal says
+    which version wrote it instead of listing settings it cannot know."""
+    out = tmp_path / "out"
+    (out / "_checkpoints").mkdir(parents=True)
+    (out / "_checkpoints" / "p-000000.json").write_text(json.dumps({
+        "partition_id": "p-000000", "attempt_id": "old", "fingerprint": "0123456789abcdef",
+        "files": ["data/p-000000/a-old/part-00000.parquet"], "rows_in": 3,
+        "rows_by_status": {"ok": 3, "rejected": 0, "error": 0}, "rows_by_reason": {},
+        "mmpipe_version": "0.1.0", "throttled_requests": 0, "retried_requests": 0}))
+    marker = CheckpointStore(str(out)).marker("p-000000")
+    assert (marker.version, marker.rows_in, marker.settings, marker.downloads) == (1, 3, {}, {})
+    spec = load_spec(QUICKSTART, output_uri=str(out))
+    pipeline = assemble(spec)
+    _, foreign = CheckpointStore(str(out)).committed(pipeline.fingerprint)
+    message = foreign_output_message(str(out), foreign, pipeline.fingerprint, pipeline.settings())
+    assert ("they were written by mmpipe 0.1.0 (commit marker version 1), whose fingerprint "
+            "covers other settings") in message
