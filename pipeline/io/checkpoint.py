@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.errors import CommitError
 from pipeline.io import fs
@@ -64,11 +64,15 @@ class CommitMarker(BaseModel):
     downloads: dict[str, int] = Field(default_factory=dict)
     settings: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("rows_by_status")
+    @classmethod
+    def _every_status(cls, value: dict[str, int]) -> dict[str, int]:
+        """Every ``Status`` value, 0 where no row had it (and nothing else)."""
+        return {s.value: value.get(s.value, 0) for s in Status}
+
     def to_json(self) -> bytes:
-        """The marker file's bytes (sorted keys, every status present)."""
-        data = self.model_dump(mode="json")
-        data["rows_by_status"] = {s.value: self.rows_by_status.get(s.value, 0) for s in Status}
-        return json.dumps(data, indent=1, sort_keys=True).encode()
+        """The marker file's bytes (sorted keys)."""
+        return json.dumps(self.model_dump(mode="json"), indent=1, sort_keys=True).encode()
 
     @classmethod
     def parse(cls, blob: bytes | str, where: str = "") -> "CommitMarker":

@@ -55,7 +55,8 @@ def section_writes(section: str, section_spec: Any, video: bool) -> tuple[str, .
 
 
 class ModelStep(Step):
-    """One served model as a step of the pipeline (see the module docstring).
+    """One served model as a step of the pipeline (see the module docstring); it is run
+    by ``ModelStages`` (submit, then apply), not called batch by batch.
 
     ``section``: the spec section; ``section_spec``: its settings (the serving fields,
     ``spec.SERVING_FIELDS``, change where and how fast, not what, and are left out of
@@ -72,6 +73,8 @@ class ModelStep(Step):
         self.max_in_flight = section_spec.max_in_flight
         self.client: Any = None
         self.info: ModelInfo | None = None
+        self.per_frame = False  # set by bind: every video frame goes to the model
+        self.kinds: list[tuple[str, str]] = []  # set by bind: (column, OutputField kind)
 
     @property
     def name(self) -> str:
@@ -81,20 +84,21 @@ class ModelStep(Step):
         return self.section_spec.model_dump(mode="json", exclude=set(SERVING_FIELDS))
 
     def bind(self, client: Any, info: "ModelInfo") -> "ModelStep":
-        """Attach a client and the loaded model's ``info``; return self."""
-        written = {f.name for f in info.outputs} | ({FRAME_EMBEDDINGS} if self.per_frame(info)
-                                                    else set())
+        """Attach a client and the loaded model's ``info``; return self.
+
+        Sets ``per_frame`` (video embeddings: every frame goes to the model, not just the
+        middle one) and ``kinds``: (column, kind) per output column, kinds as
+        ``OutputField``'s, ``vectors`` for the per-frame embeddings."""
+        per_frame = self.video and info.image is not None and any(
+            f.kind == "vector" for f in info.outputs)
+        kinds = [(f.name, f.kind) for f in info.outputs]
+        kinds += [(FRAME_EMBEDDINGS, "vectors")] if per_frame else []
+        written = {name for name, _ in kinds}
         if not written <= set(self.writes):
             raise ModelLoadError(f"{self.section}: the model returns {sorted(written)}, the "
                                  f"step declares {sorted(self.writes)}")
-        self.client, self.info = client, info
+        self.client, self.info, self.per_frame, self.kinds = client, info, per_frame, kinds
         return self
-
-    def per_frame(self, info: "ModelInfo | None" = None) -> bool:
-        """Video: every frame goes to the model (embeddings), not just the middle one."""
-        info = info or self.info
-        return self.video and info.image is not None and any(
-            f.kind == "vector" for f in info.outputs)
 
     def fields(self) -> list[pa.Field]:
         """Arrow fields of the model's columns (``frame_embeddings`` for video embeddings:
@@ -102,18 +106,10 @@ class ModelStep(Step):
         if self.info is None:
             raise ModelLoadError(f"{self.section}: not bound to a model; column types unknown")
         out = [lookup(f.name).field(f.arrow().type) for f in self.info.outputs]
-        if self.per_frame():
+        if self.per_frame:
             emb = next(f for f in out if f.name == IMAGE_EMBEDDING)
             out.append(lookup(FRAME_EMBEDDINGS).field(pa.list_(emb.type)))
         return out
-
-    def _kinds(self) -> list[tuple[str, str]]:
-        """(column, kind) per output column: kinds as ``OutputField``, ``vectors`` for
-        per-frame embeddings."""
-        kinds = [(f.name, f.kind) for f in self.info.outputs]
-        if self.per_frame():
-            kinds.append((FRAME_EMBEDDINGS, "vectors"))
-        return kinds
 
     def rows(self, batch: Batch) -> list[int]:
         """Rows to send: ``ok`` rows that have this model's required inputs."""
@@ -127,7 +123,7 @@ class ModelStep(Step):
 
     def _counts(self, batch: Batch, rows: list[int]) -> list[int]:
         """Model inputs per row: frames for per-frame video rows, else 1."""
-        if not self.per_frame():
+        if not self.per_frame:
             return [1] * len(rows)
         col = batch[self.info.image.column]
         return [col[i].shape[0] for i in rows]
@@ -138,7 +134,7 @@ class ModelStep(Step):
         counts = self._counts(batch, rows)
         if self.info.image is not None:
             col = batch[self.info.image.column]
-            if self.per_frame():
+            if self.per_frame:
                 out["pixels"] = np.concatenate([col[i] for i in rows])
             elif self.video:
                 out["pixels"] = np.stack([col[i][len(col[i]) // 2] for i in rows])
@@ -152,20 +148,15 @@ class ModelStep(Step):
         """Set the model's columns on ``rows`` from its ``outputs`` (pooled per video)."""
         counts = self._counts(batch, rows)
         bounds = np.cumsum([0] + counts)
-        for name, kind in self._kinds():
+        for name, kind in self.kinds:
             column = batch[name]
             source = outputs[IMAGE_EMBEDDING if kind == "vectors" else name]
             for j, i in enumerate(rows):
                 values = source[bounds[j]:bounds[j + 1]]
-                column[i] = _pool(values, kind) if self.per_frame() else values[0]
+                column[i] = _pool(values, kind) if self.per_frame else values[0]
                 if kind == "float":
                     v = column[i]
                     column[i] = None if v is None or math.isnan(v) else float(v)
-
-    def __call__(self, batch: Batch) -> Batch:
-        """Run the model on a batch synchronously (``ModelStages`` pipelines it instead)."""
-        stages = ModelStages([[self]], [[]])
-        return stages.finish(stages.start(batch))
 
 
 def _pool(values: Any, kind: str) -> Any:

@@ -14,7 +14,8 @@ from pipeline.errors import AssemblyError
 from pipeline.io import plan as planning
 from pipeline.io.checkpoint import CheckpointStore, read_committed
 from pipeline.runtime.driver import foreign_output_message
-from pipeline.runtime.partition import run_partition
+from pipeline.records import Partition
+from pipeline.runtime.partition import AttemptOutcome, run_partition
 from pipeline.spec import JobSpec, load_spec
 from pipeline.steps.base import RowStep
 from pipeline.steps.decode import decode_image
@@ -29,6 +30,16 @@ def _files_spec(tmp_path, **extra) -> JobSpec:
     return JobSpec.model_validate({
         "source": {"kind": "files", "uri": str(PHOTOS), "partition_size": 6},
         "sink": {"uri": str(tmp_path / "out")}, "text_embedding": {"enabled": False}, **extra})
+
+
+def _run_first_partition(spec: JobSpec) -> tuple[assembly.Pipeline, Partition, AttemptOutcome]:
+    """Assemble ``spec``'s pipeline (no models), write its plan and run attempt ``a1`` of
+    the first partition in this process."""
+    pool = ThreadPoolExecutor(2)
+    pipeline = assemble(spec, executor=pool, setup=True)
+    plan = planning.write_plan(spec.sink.uri, pipeline.datasource.list_inputs(), spec.source)
+    part = planning.read_partition(spec.sink.uri, plan.partition_ids[0])
+    return pipeline, part, run_partition(pipeline, part, "a1", pool)
 
 
 def test_schema_is_derived_from_what_the_pipeline_writes(tmp_path):
@@ -67,24 +78,16 @@ def test_a_step_that_writes_more_than_it_declares_fails_the_partition(tmp_path, 
             return batch
 
     monkeypatch.setattr(assembly, "STEP_FACTORIES", [lambda spec: Leaky()])
-    spec = _files_spec(tmp_path)
-    pool = ThreadPoolExecutor(2)
-    pipeline = assemble(spec, executor=pool, setup=True)
-    part = next(planning.pack(pipeline.datasource.list_inputs(), 6))
     with pytest.raises(AssemblyError, match=r"Leaky wrote undeclared columns \['undeclared'\]"):
-        run_partition(pipeline, part, "a1", pool)
+        _run_first_partition(_files_spec(tmp_path))
     assert not (tmp_path / "out" / "data").exists()          # the attempt's files are gone
 
 
 def test_an_added_step_in_one_file_and_one_line_reaches_the_output(tmp_path, monkeypatch):
     monkeypatch.setattr(assembly, "STEP_FACTORIES", [lambda spec: MeanBrightnessStep()])
     spec = _files_spec(tmp_path)
-    pool = ThreadPoolExecutor(2)
-    pipeline = assemble(spec, executor=pool, setup=True)
+    pipeline, _, out = _run_first_partition(spec)
     assert pipeline.settings()["steps"]["MeanBrightnessStep"] == {"digits": 2}
-    plan = planning.write_plan(spec.sink.uri, pipeline.datasource.list_inputs(), spec.source)
-    part = planning.read_partition(spec.sink.uri, plan.partition_ids[0])
-    out = run_partition(pipeline, part, "a1", pool)
     assert out.committed and out.marker.rows_in == 6
     table = read_committed(spec.sink.uri)
     assert table.schema.field("mean_brightness").type == pa.float32()
@@ -116,11 +119,7 @@ def test_fingerprint_follows_output_affecting_settings_only():
 def test_an_output_of_another_fingerprint_is_refused_naming_the_changed_setting(tmp_path):
     spec = load_spec(QUICKSTART, ["text_embedding.enabled=false", "source.partition_size=20"],
                      output_uri=str(tmp_path / "out"))
-    pool = ThreadPoolExecutor(2)
-    pipeline = assemble(spec, executor=pool, setup=True)
-    plan = planning.write_plan(spec.sink.uri, pipeline.datasource.list_inputs(), spec.source)
-    run_partition(pipeline, planning.read_partition(spec.sink.uri, plan.partition_ids[0]),
-                  "a1", pool)
+    pipeline, _, _ = _run_first_partition(spec)
     changed = assemble(load_spec(QUICKSTART, ["text_embedding.enabled=false",
                                               "source.partition_size=20", "filters.min_width_px=500"],
                                  output_uri=str(tmp_path / "out")))
@@ -139,10 +138,8 @@ def test_reasons_are_typed_from_the_step_to_the_columns_and_the_marker(mixed_inp
         "source": {"kind": "files", "uri": str(mixed_input), "partition_size": 100},
         "sink": {"uri": str(tmp_path / "out")}, "text_embedding": {"enabled": False},
         "filters": {"min_width_px": 400}})
-    pool = ThreadPoolExecutor(2)
-    pipeline = assemble(spec, executor=pool, setup=True)
-    part = next(planning.pack(pipeline.datasource.list_inputs(), 100))
-    marker = run_partition(pipeline, part, "a1", pool).marker
+    _, part, outcome = _run_first_partition(spec)
+    marker = outcome.marker
     rows = read_committed(spec.sink.uri).to_pylist()
     counted: dict[str, int] = {}
     for r in rows:
