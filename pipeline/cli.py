@@ -74,7 +74,9 @@ def cmd_status(args) -> int:
     for m in markers.values():
         for k, v in m.rows_by_status.items():
             rows[k] = rows.get(k, 0) + v
-    print(json.dumps({"output": args.output, "partitions_planned": total,
+    print(json.dumps({"output": args.output, "inputs": plan.totals() if plan else {},
+                      "rows_out": sum(m.rows_in for m in markers.values()),
+                      "partitions_planned": total,
                       "partitions_committed": len(markers),
                       "partitions_failed": {p: f["error"] for p, f in sorted(failures.items())},
                       "partitions_pending": max(0, total - len(markers) - len(failures)),

@@ -96,6 +96,8 @@ MIME = declare("mime", pa.string(), "MIME type sniffed from the bytes.")
 FORMAT = declare("format", pa.string(), "Pillow format name (images) or container (video).")
 N_FRAMES = declare("n_frames", pa.int32(), "Animation frames or TIFF pages (images).")
 IS_ANIMATED = declare("is_animated", pa.bool_(), "Multi-frame GIF/APNG/WebP/AVIF/HEIF.")
+DECODE_FLAGS = declare("decode_flags", pa.list_(pa.string()), "Image decoder flags (e.g. "
+                       "float_scaled: float pixels scaled to 8 bits; see steps/decode.py).")
 HAS_ALPHA = declare("has_alpha", pa.bool_(), "The source had transparency.")
 SHA256 = declare("sha256", pa.string(), "sha256 (hex) of the source bytes.")
 PHASH = declare("phash", pa.uint64(), "64-bit DCT perceptual hash (imagehash.phash).")

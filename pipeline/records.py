@@ -35,6 +35,7 @@ class ErrorReason(str, enum.Enum):
     FAILED_TO_DOWNLOAD = "failed_to_download"  # img2dataset's status name
     NO_FRAMES = "no_frames"            # a video container without one decodable frame
     CORRUPT_CONTAINER = "corrupt_container"  # a video container FFmpeg cannot open
+    NO_VIDEO_STREAM = "no_video_stream"  # only audio, or only an attached picture (cover art)
     BAD_SAMPLE = "bad_sample"          # WebDataset: duplicate/non-contiguous key, no media
     TRUNCATED_SHARD = "truncated_shard"  # WebDataset: shard cut short (shard-level row)
 
@@ -77,7 +78,10 @@ class InputItem:
     ``uri`` is the media file (files datasource) or the manifest file (manifest
     datasource). ``caption_uri`` is the sidecar caption file, if any. ``row_start`` and
     ``row_stop`` bound the manifest rows (half-open) and are -1 for media files.
-    ``size_bytes`` is the listed object size.
+    ``size_bytes`` is the listed object size. ``key``: the record key decided at planning
+    (files datasource, ``pipeline.keys``), else None. ``error``: why the input could not be
+    read at planning (e.g. a corrupt manifest); such an item is planned as one record,
+    which is read as one error row naming it.
     """
 
     uri: str
@@ -85,14 +89,21 @@ class InputItem:
     caption_uri: str | None = None
     row_start: int = -1
     row_stop: int = -1
+    key: str | None = None
+    error: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Partition:
-    """A fixed unit of work: ``partition_id`` and the inputs it covers, in order."""
+    """A fixed unit of work: ``partition_id`` and the inputs it covers, in order.
+
+    ``plan_metadata``: what the datasource recorded for the whole job at planning
+    (``Datasource.plan_metadata``, stored in the plan), e.g. a manifest's carried columns.
+    """
 
     partition_id: str
     inputs: tuple[InputItem, ...]
+    plan_metadata: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
 
     @property
     def rows_planned(self) -> int:

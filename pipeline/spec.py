@@ -8,6 +8,7 @@ The fingerprint of a spec is computed from the assembled pipeline
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,9 +23,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".tif", ".tiff", ".bmp", ".heic",
-                    ".heif", ".avif", ".svg")
-VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi")
+# Containers FFmpeg (PyAV) opens that hold video.
+VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts",
+                    ".m2ts", ".mts", ".flv", ".wmv", ".3gp", ".ogv")
+SIDECAR_EXTENSIONS = (".txt", ".json")
+
+
+@functools.cache
+def image_extensions() -> tuple[str, ...]:
+    """Default image extensions: every extension Pillow registers an opener for
+    (``PIL.Image.registered_extensions`` whose format is in ``PIL.Image.OPEN``, after
+    ``Image.init()``), plus pillow-heif's (``.heic``, ``.heif``, ... when installed),
+    plus ``.svg`` (read, then rasterised or refused as ``unsupported_format``), minus the
+    sidecar extensions; sorted. A file with one of these is read and decoded - a format
+    the decoder cannot handle becomes an error row, never a silently skipped file."""
+    from PIL import Image
+
+    try:
+        import pillow_heif
+        pillow_heif.register_heif_opener()
+    except ImportError:  # pragma: no cover - HEIF then decodes to unsupported_format
+        pass
+    Image.init()
+    found = {ext.lower() for ext, fmt in Image.registered_extensions().items()
+             if fmt in Image.OPEN}
+    return tuple(sorted((found | {".svg", ".mpo"}) - set(SIDECAR_EXTENSIONS)))
 
 
 class SourceSpec(_Strict):
@@ -52,7 +75,8 @@ class SourceSpec(_Strict):
         None, description="Manifest column used as the record key; default: the media file stem.")
     extensions: tuple[str, ...] | None = Field(
         None, description="Media file (files) or member (webdataset) extensions, "
-        "case-insensitive; default: `IMAGE_EXTENSIONS` or `VIDEO_EXTENSIONS` by `media`. "
+        "case-insensitive; default by `media`: every extension Pillow/pillow-heif open "
+        "(`image_extensions()`) or `VIDEO_EXTENSIONS`. "
         "The format itself is sniffed from the bytes, not from this.")
     partition_size: int = Field(1000, ge=1, description="Records per partition (fixed at "
                                 "planning); `webdataset`: see `shards_per_partition`.")
@@ -75,7 +99,7 @@ class SourceSpec(_Strict):
         """``extensions`` in lower case, or the default list for ``media``."""
         if self.extensions is not None:
             return self.extensions
-        return VIDEO_EXTENSIONS if self.media == "video" else IMAGE_EXTENSIONS
+        return VIDEO_EXTENSIONS if self.media == "video" else image_extensions()
 
 
 class StorageSpec(_Strict):

@@ -17,6 +17,20 @@
 - ``/retryafter/<seconds>/<name>``: first request 503 with ``Retry-After``, then the file.
 - ``/redirect/<name>``: 302 to ``/ok/<name>``.
 - ``/chunked/<name>``: the file with chunked transfer encoding (no ``Content-Length``).
+- ``/encoded/<codings>/<name>``: the file with a ``Content-Encoding``: ``<codings>`` is a
+  comma-separated (URL-quoted) list applied in order, each ``gzip``, ``x-gzip``,
+  ``deflate`` (zlib format), ``rawdeflate`` (raw DEFLATE sent as ``deflate``, as some
+  servers do), ``br`` or ``identity`` (in any case); ``fake-<coding>`` sends
+  ``<coding>`` in the header but leaves the body as it is (bad compressed data); any
+  other name is sent in the header with the body left as it is. ``Content-Length`` is
+  the encoded length (RFC 9110 §8.6).
+- ``/encodedcut/<codings>/<name>``: the first half of that encoded body, as a complete
+  response (``Content-Length`` of the half): the compressed stream is cut.
+- ``/encodedtruncated/<codings>/<name>``: ``Content-Length`` of the whole encoded body,
+  half of it, then close.
+- ``/encodedchunked/<codings>/<name>``: the encoded body, chunked (no ``Content-Length``).
+- ``/bomb/<codings>/<megabytes>/<name>``: that many MiB of zero bytes, encoded (a
+  compression bomb: 64 MiB of zeros is ~64 KiB of gzip); ``<name>`` must exist.
 
 It records ``counts`` (requests per path), ``user_agents`` (in arrival order),
 ``max_in_flight`` (most requests being handled at once; a handler still sleeping from
@@ -28,11 +42,13 @@ path: bytes of file body written). The handler does not log.
 from __future__ import annotations
 
 import collections
+import gzip
 import os
 import socket
 import threading
 import time
 import urllib.parse
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PHOTOS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -40,6 +56,39 @@ PHOTOS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 HTML_PAGE = (b"<!DOCTYPE html><html><head><title>404 Not Found</title></head>"
              b"<body><h1>Not Found</h1><p>The image you asked for is gone.</p></body></html>")
+
+
+def encode(data: bytes, codings: str) -> tuple[bytes, str]:
+    """``data`` encoded with the comma-separated ``codings`` in order, and the
+    ``Content-Encoding`` header value (see the module docstring)."""
+    names = []
+    for coding in (c.strip() for c in codings.split(",") if c.strip()):
+        name = coding.lower()
+        if name in ("gzip", "x-gzip"):
+            data = gzip.compress(data, mtime=0)
+        elif name == "deflate":
+            data = zlib.compress(data)
+        elif name == "rawdeflate":
+            c = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+            data, coding = c.compress(data) + c.flush(), "deflate"
+        elif name.startswith("fake-"):
+            coding = coding[len("fake-"):]
+        elif name == "br":
+            import brotli
+
+            data = brotli.compress(data, quality=5)
+        names.append(coding)
+    return data, ", ".join(names)
+
+
+_BOMBS: dict[tuple[str, int], tuple[bytes, str]] = {}
+
+
+def bomb(codings: str, megabytes: int) -> tuple[bytes, str]:
+    """``megabytes`` MiB of zero bytes encoded with ``codings`` (cached)."""
+    if (codings, megabytes) not in _BOMBS:
+        _BOMBS[codings, megabytes] = encode(bytes(megabytes << 20), codings)
+    return _BOMBS[codings, megabytes]
 
 
 def _route_of(path: str) -> str:
@@ -167,17 +216,52 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
         elif kind == "chunked" and len(args) == 1:
+            self._chunked(data, path)
+        elif kind in ("encoded", "encodedcut", "encodedchunked") and len(args) == 2:
+            body, header = encode(data, urllib.parse.unquote(args[0]))
+            if kind == "encodedcut":
+                body = body[:len(body) // 2]
+            if kind == "encodedchunked":
+                self._chunked(body, path, {"Content-Encoding": header})
+            else:
+                self._send(200, body, headers={"Content-Encoding": header}, path=path)
+        elif kind == "encodedtruncated" and len(args) == 2:
+            body, header = encode(data, urllib.parse.unquote(args[0]))
+            half = len(body) // 2
             self.send_response(200)
             self.send_header("Content-Type", "image/jpeg")
-            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Content-Encoding", header)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
             self.end_headers()
-            for i in range(0, len(data), 8192):
-                piece = data[i:i + 8192]
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-            self.wfile.write(b"0\r\n\r\n")
-            owner._sent(path, len(data))
+            self.wfile.write(body[:half])
+            self.wfile.flush()
+            owner._sent(path, half)
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        elif kind == "bomb" and len(args) == 3:
+            body, header = bomb(urllib.parse.unquote(args[0]), int(args[1]))
+            self._send(200, body, "application/octet-stream",
+                       headers={"Content-Encoding": header}, path=path)
         else:
             self._send(404, b"no such route\n", "text/plain")
+
+
+    def _chunked(self, body: bytes, path: str, headers: dict | None = None) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "image/jpeg")
+        self.send_header("Transfer-Encoding", "chunked")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        for i in range(0, len(body), 8192):
+            piece = body[i:i + 8192]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        self.wfile.write(b"0\r\n\r\n")
+        self.server.owner._sent(path, len(body))
 
 
 class _Server(ThreadingHTTPServer):

@@ -3,6 +3,15 @@
 ``resolve(uri)`` maps a URI or local path to a ``pyarrow.fs`` ``(FileSystem, path)``;
 the helpers below add retries (``pipeline.io.retry``) and the conditional create used
 by commit markers. Only ``pipeline.io.s3`` knows ``s3://`` specifics.
+
+Local file names that are not valid UTF-8 (Linux allows any bytes but ``/`` and NUL):
+a URI is always a ``str``; the raw bytes of a local name are decoded as UTF-8 with
+``surrogateescape`` (each undecodable byte ``0xNN`` becomes the lone surrogate
+``U+DCNN``, as ``os.fsdecode`` does on Linux), so ``uri_to_bytes``/``uri_from_bytes``
+round-trip losslessly. ``list_files``, ``read_bytes``, ``staged``, ``file_size`` and
+``exists`` open local paths through the OS with those raw bytes (``pyarrow`` cannot:
+it needs UTF-8). ``display_uri`` is the valid-UTF-8 text for output columns and
+messages (``\\xNN`` per undecodable byte). S3 keys are always valid UTF-8.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import hashlib
 import dataclasses
 import os
 import shutil
+import stat
 import tempfile
 import posixpath
 import uuid
@@ -47,10 +57,66 @@ def is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
 
 
+def uri_to_bytes(uri: str) -> bytes:
+    """The raw bytes of ``uri``: UTF-8, each lone surrogate ``U+DC80..U+DCFF`` back to
+    its byte ``0x80..0xFF`` (``surrogateescape``; the inverse of ``uri_from_bytes``, for
+    storing URIs losslessly, e.g. as Parquet ``binary``). Raises ``UnicodeEncodeError``
+    (a ``ValueError``) for another lone surrogate, which no file name can produce."""
+    return uri.encode("utf-8", "surrogateescape")
+
+
+def uri_from_bytes(raw: bytes) -> str:
+    """The URI ``str`` of raw name bytes: UTF-8 with ``surrogateescape`` (each undecodable
+    byte ``0xNN`` -> ``U+DCNN``, as ``os.fsdecode`` on Linux). Never raises; lossless:
+    ``uri_to_bytes(uri_from_bytes(b)) == b``."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def is_valid_name(uri: str) -> bool:
+    """True if ``uri`` is valid Unicode text (encodable as strict UTF-8), False if it
+    holds undecodable name bytes (lone surrogates, see ``uri_from_bytes``)."""
+    try:
+        uri.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def display_uri(uri: str) -> str:
+    """``uri`` as valid UTF-8 text for output columns, logs and error messages: each
+    undecodable name byte ``0xNN`` (lone surrogate ``U+DCNN``) is written as the four
+    characters ``\\xNN`` (e.g. ``b"caf\\xe9.jpg"`` -> ``"caf\\xe9.jpg"``). A valid
+    ``uri`` is returned unchanged. Not reversible (a name may spell ``\\xNN``
+    literally): keep ``uri``/``uri_to_bytes`` to reopen the file. Never raises."""
+    if is_valid_name(uri):
+        return uri
+    try:
+        raw = uri.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:      # a surrogate no name decodes to: show its code point
+        return uri.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _local_bytes(uri: str) -> bytes:
+    """Absolute local path of ``uri`` (plain path or ``file://``) as raw OS bytes."""
+    path = uri[len("file://"):] if uri.startswith("file://") else uri
+    return os.path.abspath(uri_to_bytes(path))
+
+
+def _named(exc: OSError, uri: str) -> OSError:
+    """``exc`` again (same type and errno) with a message naming ``display_uri(uri)``."""
+    if exc.errno is None:
+        return exc
+    return type(exc)(exc.errno, f"{exc.strerror}: {display_uri(uri)}")
+
+
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     """Return ``(filesystem, path)`` for ``uri``; relative local paths become absolute.
 
-    Raises ``ValueError`` for an unsupported scheme.
+    A local path that is not valid UTF-8 (``is_valid_name`` False) is returned as is,
+    but ``pyarrow`` cannot open it (``UnicodeEncodeError``): read such files with
+    ``read_bytes``/``staged``/``file_size``/``exists``. Raises ``ValueError`` for an
+    unsupported scheme.
     """
     if is_local(uri):
         path = uri[len("file://"):] if uri.startswith("file://") else uri
@@ -84,7 +150,19 @@ def with_retries(uri: str, what: str, fn: Callable[[], T]) -> T:
 
 
 def read_bytes(uri: str) -> bytes:
-    """Read a whole object. Raises ``FileNotFoundError`` or ``StorageError`` naming ``uri``."""
+    """Read a whole object. Raises ``FileNotFoundError`` or ``StorageError`` naming ``uri``
+    (local: any ``OSError``, e.g. ``IsADirectoryError``, naming ``display_uri(uri)``).
+    A local ``uri`` may hold undecodable name bytes (see the module docstring)."""
+    if is_local(uri):
+        path_b = _local_bytes(uri)
+
+        def read_local() -> bytes:
+            try:
+                with open(path_b, "rb") as f:
+                    return f.read()
+            except OSError as e:
+                raise _named(e, uri) from None
+        return with_retries(display_uri(uri), "read", read_local)
     fsys, path = _for_call(uri)
 
     def read() -> bytes:
@@ -112,14 +190,24 @@ def staged(uri: str, temp_dir: str | None = None,
            chunk_bytes: int = 8 * 2**20) -> Iterator[str]:
     """Yield a local path holding the object ``uri``; delete it on exit.
 
-    A local ``uri`` is yielded as is (no copy). An object-store ``uri`` is streamed, in
+    A local ``uri`` is yielded as its absolute path (no copy). When that path is not
+    valid UTF-8 (``is_valid_name`` False), a symbolic link with a valid name
+    (``mmpipe-stage-*<ext>``, in ``temp_dir``) to the raw-bytes path is yielded instead,
+    and removed on exit, so libraries that need UTF-8 paths (pyarrow, FFmpeg) open it
+    too; ``FileNotFoundError`` naming ``display_uri(uri)`` if there is no such file.
+    An object-store ``uri`` is streamed, in
     ``chunk_bytes`` chunks (never whole in memory), into a new file in ``temp_dir``
     (default: the system temp dir), which is deleted when the ``with`` block ends -
     so disk use is one object per ``with`` block in flight. Raises
     ``FileNotFoundError`` or ``StorageError`` naming ``uri``.
     """
     if is_local(uri):
-        yield resolve(uri)[1]
+        path = resolve(uri)[1]
+        if is_valid_name(path):
+            yield path
+            return
+        with _safe_link(uri, temp_dir) as link:
+            yield link
         return
     fsys, path = _for_call(uri)
 
@@ -130,6 +218,35 @@ def staged(uri: str, temp_dir: str | None = None,
         with_retries(uri, "stage", attempt)
     with _temp_file(temp_dir, posixpath.splitext(path)[1], copy) as local:
         yield local
+
+
+@contextlib.contextmanager
+def _safe_link(uri: str, temp_dir: str | None) -> Iterator[str]:
+    """A valid-UTF-8 path in ``temp_dir`` that opens the local file ``uri`` (whose name is
+    not valid UTF-8): a symlink, or a copy where symlinks fail; removed on exit."""
+    target = _local_bytes(uri)
+    if not os.path.exists(target):
+        raise FileNotFoundError(2, f"No such file or directory: {display_uri(uri)}")
+    ext = posixpath.splitext(display_uri(uri))[1]
+    ext = ext if ext.isascii() and "\\" not in ext and len(ext) <= 16 else ""
+    link = os.path.join(temp_dir or tempfile.gettempdir(),
+                        f"mmpipe-stage-{uuid.uuid4().hex}{ext}")
+    try:
+        os.symlink(target, link)
+    except OSError:
+        def copy(local: str) -> None:
+            try:
+                shutil.copyfile(target, local)
+            except OSError as e:
+                raise _named(e, uri) from None
+        with _temp_file(temp_dir, ext, copy) as local:
+            yield local
+        return
+    try:
+        yield link
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(link)
 
 
 def spooled(data: bytes, temp_dir: str | None = None, suffix: str = ""):
@@ -228,8 +345,19 @@ def create_exclusive(uri: str, data: bytes) -> bool:
 def list_files(uri: str) -> Iterator[FileEntry]:
     """Yield the files under the prefix ``uri`` in sorted order; a missing prefix yields nothing.
 
-    S3 listings stream page by page (memory does not grow with the listing); local
-    directories are walked and sorted.
+    Sorted means ascending ``FileEntry.uri`` as Python ``str`` comparison (code point
+    order), so a caller may check the order with ``<``. For valid UTF-8 names this is
+    the order of their UTF-8 bytes, i.e. S3's key order; either way all names with a
+    common prefix (all files of one stem ``s.``) are contiguous.
+
+    S3 listings stream page by page (memory does not grow with the listing). Local
+    directories are walked (``os.scandir`` on raw byte paths; symbolic links to files and
+    directories are followed, a link back to a directory being walked is not), and
+    sorted in memory: every regular file is listed, whatever bytes its name holds; its
+    ``uri`` is its absolute path (no ``file://``) decoded with ``uri_from_bytes``
+    (undecodable bytes -> lone surrogates; ``display_uri`` for text). Raises
+    ``StorageError`` (an ``OSError``) if a local ``uri`` is a file or a directory under it
+    cannot be read, and for S3 errors; ``ValueError`` for an unsupported scheme.
     """
     if s3.is_s3(uri):
         token = None
@@ -239,15 +367,56 @@ def list_files(uri: str) -> Iterator[FileEntry]:
                 yield FileEntry(item_uri, size, mtime)
             if token is None:
                 return
-    fsys, path = resolve(uri)
-    selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
-    infos = with_retries(uri, "list", lambda: fsys.get_file_info(selector))
-    for info in sorted((i for i in infos if i.type == pafs.FileType.File), key=lambda i: i.path):
-        yield FileEntry(info.path, info.size, info.mtime.timestamp() if info.mtime else None)
+    if not is_local(uri):
+        resolve(uri)                    # ValueError: unsupported scheme
+    root = _local_bytes(uri)
+    entries = with_retries(display_uri(uri), "list", lambda: _walk_local(root, uri))
+    entries.sort(key=lambda e: e.uri)
+    yield from entries
+
+
+def _walk_local(root: bytes, uri: str) -> list[FileEntry]:
+    """Every regular file under the local directory ``root`` (raw bytes), unsorted."""
+    out: list[FileEntry] = []
+    try:
+        st = os.stat(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(20, f"Not a directory, cannot list: {display_uri(uri)}")
+    stack: list[tuple[bytes, frozenset]] = [(root, frozenset({(st.st_dev, st.st_ino)}))]
+    while stack:
+        directory, ancestors = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                found = list(it)
+        except OSError as e:
+            raise _named(e, uri_from_bytes(directory)) from None
+        for entry in found:
+            try:
+                est = entry.stat()         # follows symlinks
+            except OSError:                # a dangling link, or gone meanwhile
+                continue
+            if stat.S_ISDIR(est.st_mode):
+                ident = (est.st_dev, est.st_ino)
+                if ident not in ancestors:   # a link to an enclosing directory: a cycle
+                    stack.append((entry.path, ancestors | {ident}))
+            elif stat.S_ISREG(est.st_mode):
+                out.append(FileEntry(uri_from_bytes(entry.path), est.st_size, est.st_mtime))
+    return out
 
 
 def file_size(uri: str) -> int | None:
-    """Size in bytes of the file at ``uri``, or None if there is no file there."""
+    """Size in bytes of the file at ``uri``, or None if there is no (regular) file there.
+    A local ``uri`` may hold undecodable name bytes. Raises ``StorageError``."""
+    if is_local(uri):
+        def stat_local() -> os.stat_result | None:
+            try:
+                return os.stat(_local_bytes(uri))
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+        st = with_retries(display_uri(uri), "stat", stat_local)
+        return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
     fsys, path = _for_call(uri)
     info = with_retries(uri, "stat", lambda: fsys.get_file_info(path))
     return info.size if info.type == pafs.FileType.File else None
@@ -257,6 +426,8 @@ def exists(uri: str) -> bool:
     """True if a file (or, locally, a directory) exists at ``uri``."""
     if s3.is_s3(uri):
         return file_size(uri) is not None
+    if is_local(uri):
+        return os.path.exists(_local_bytes(uri))
     fsys, path = resolve(uri)
     return fsys.get_file_info(path).type != pafs.FileType.NotFound
 

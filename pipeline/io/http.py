@@ -3,7 +3,25 @@
 ``HttpFetcher.fetch(url)`` returns ``(body, None)`` or ``(None, RowError)`` and never
 raises for a per-URL problem. The error's reason is ``failed_to_download`` (img2dataset's status name for any download failure: HTTP error
 status, timeout, connection error, truncated body, opted out by ``X-Robots-Tag``,
-unsupported scheme) or ``too_large`` (the body is over ``max_bytes``).
+unsupported scheme or ``Content-Encoding``, undecodable or cut compressed body) or
+``too_large`` (the decoded body is over ``max_bytes``).
+
+URLs: the scheme is case-insensitive (RFC 3986 §3.1): ``HTTP://h/x`` is fetched as
+``http://h/x`` (``lower_scheme``). Only absolute ``http``/``https`` URLs are fetched here;
+``data:`` URIs and protocol-relative ``//host/path`` references are
+``pipeline.io.fetch``'s business (``fetch.normalize_url``).
+
+Content codings (RFC 9110 §8.4): every request asks for ``Accept-Encoding: identity``
+(images are compressed already), but a server may encode the body anyway. ``gzip``
+(and ``x-gzip``, §8.4.1.3), ``deflate`` (zlib format per §8.4.1.2; raw DEFLATE, as some
+servers send, is accepted too) and ``br`` (RFC 7932; needs ``brotli>=1.2``) are decoded
+here as the body streams, in pieces of at most ``CHUNK_BYTES`` (a compressed "bomb" is
+never inflated past ``max_bytes`` + one piece); any other coding is a
+``failed_to_download`` row naming it. Size rules with a coding: ``max_bytes`` applies to
+the decoded bytes; ``Content-Length`` is the length of the encoded body (§8.6), so the
+truncation check compares it with the bytes received on the wire, and a compressed
+stream that stops before its end (a cut gzip member, a brotli stream without its last
+meta-block) is a truncated body even when the wire length matches.
 
 Retries are urllib3's ``Retry`` (in a ``requests`` ``HTTPAdapter``): connection errors,
 read timeouts before the response headers, and HTTP 429/500/502/503/504 are retried
@@ -25,11 +43,13 @@ from __future__ import annotations
 import http.cookiejar
 import logging
 import random
+import re
 import socket
 import threading
 import time
+import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from urllib.parse import urlsplit
 
 import requests
@@ -43,7 +63,170 @@ from pipeline.spec import DownloadSpec
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 RETRY_AFTER_MAX_S = 30.0   # longest Retry-After honoured (seconds); a larger value is capped
 BACKOFF_MAX_S = 60.0       # longest backoff sleep between two attempts (seconds)
-CHUNK_BYTES = 64 * 1024    # body read size (bytes)
+CHUNK_BYTES = 64 * 1024    # body read size, and largest decoded piece (bytes)
+
+try:  # br needs brotli's bounded output (output_buffer_limit, brotli >= 1.2)
+    import brotli as _brotli
+
+    _brotli.Decompressor().process(b"", output_buffer_limit=1)
+except (ImportError, TypeError, AttributeError):
+    _brotli = None
+
+#: Content codings decoded (RFC 9110 §8.4.1; compared lower case). ``identity`` is none.
+SUPPORTED_CODINGS: frozenset[str] = frozenset(
+    {"gzip", "x-gzip", "deflate"} | ({"br"} if _brotli is not None else set()))
+
+# RFC 3986 §3.1: scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ), then "://" here.
+_SCHEME_AUTHORITY = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+
+def lower_scheme(uri: str) -> str:
+    """``uri`` with its scheme in lower case when it has the ``scheme://`` form
+    (``"HTTP://Host/A.jpg"`` -> ``"http://Host/A.jpg"``, ``"S3://b/k"`` -> ``"s3://b/k"``);
+    anything else (a path, ``data:``) is returned unchanged. Schemes are case-insensitive
+    and lower case is their canonical form (RFC 3986 §3.1); the rest of the URI is left
+    as it is (paths and queries are case-sensitive). Never raises."""
+    m = _SCHEME_AUTHORITY.match(uri)
+    if m is None or m.group(1).islower():
+        return uri
+    return m.group(1).lower() + uri[m.end(1):]
+
+
+def content_codings(header: str | None) -> list[str]:
+    """The content codings of a ``Content-Encoding`` value, in the order they were
+    applied (RFC 9110 §8.4: ``#content-coding``, the sender lists them in that order;
+    repeated header lines arrive joined by ``", "``), lower case (codings are
+    case-insensitive, §8.4.1), without ``identity`` and empty entries.
+    ``"gzip, BR"`` -> ``["gzip", "br"]``; None or ``""`` -> ``[]``."""
+    if not header:
+        return []
+    codings = (c.strip().lower() for c in header.split(","))
+    return [c for c in codings if c and c != "identity"]
+
+
+def encoded_bound(max_bytes: int) -> int:
+    """The most bytes (on the wire) a ``gzip``/``deflate``/``br`` encoding of at most
+    ``max_bytes`` bytes needs: a stored (uncompressed) deflate block adds 5 bytes per
+    64 KiB and a brotli uncompressed meta-block a few bytes per 64 KiB, plus headers
+    (zlib's ``deflateBound``; RFC 7932 §9.2). A larger encoded body cannot decode to
+    ``max_bytes`` or fewer from a real compressor, so it is ``too_large`` unread."""
+    return max_bytes + max_bytes // 1024 + 1024
+
+
+class ContentDecodeError(ValueError):
+    """A content-coded body that cannot be decoded. ``kind``: ``"truncated"`` (the
+    compressed stream stops before its end) or ``"decoding"`` (invalid data)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _is_zlib_header(head: bytes) -> bool:
+    """RFC 1950 §2.2: CM = 8 (deflate), CINFO <= 7 and (CMF * 256 + FLG) % 31 == 0."""
+    return (len(head) >= 2 and head[0] & 0x0F == 8 and head[0] >> 4 <= 7
+            and (head[0] * 256 + head[1]) % 31 == 0)
+
+
+def _zlib_decode(chunks: Iterable[bytes], coding: str, piece: int) -> Iterator[bytes]:
+    """gzip (RFC 1952; several members are concatenated, §2.2) or deflate (RFC 1950
+    zlib format, else raw RFC 1951 DEFLATE) in pieces of at most ``piece`` bytes, and
+    at least one (maybe empty) piece per input chunk. Bytes after the end of the
+    stream that do not start another gzip member are ignored (as gzip(1) and urllib3
+    do)."""
+    gzip = coding in ("gzip", "x-gzip")
+    d = None        # the decompressor of the current member
+    head = b""      # input not yet given to a decompressor (choosing the format)
+    members = 0     # members (streams) finished
+    done = False    # the stream ended; the rest is ignored
+    try:
+        for chunk in chunks:
+            data = chunk
+            while not done:
+                if d is None:
+                    head += data
+                    data = b""
+                    if len(head) < 2:
+                        break
+                    if gzip:
+                        if members and head[:2] != _GZIP_MAGIC:
+                            done = True  # trailing bytes after the last member
+                            break
+                        wbits = 16 + zlib.MAX_WBITS
+                    else:
+                        wbits = zlib.MAX_WBITS if _is_zlib_header(head) else -zlib.MAX_WBITS
+                    d, data, head = zlib.decompressobj(wbits), head, b""
+                out = d.decompress(data, piece)
+                data = d.unconsumed_tail
+                if out:
+                    yield out
+                if d.eof:
+                    members += 1
+                    if not gzip:
+                        done = True
+                        break
+                    data, d = d.unused_data + data, None
+                    continue
+                if not data and len(out) < piece:
+                    break  # needs more input
+            yield b""
+    except zlib.error as e:
+        raise ContentDecodeError("decoding", f"bad {coding} data: {e}") from e
+    # Cut inside a stream, or one lone byte of a first header; an empty body is empty.
+    if not done and (d is not None or (head and not members)):
+        raise ContentDecodeError("truncated", f"the {coding} stream ends before its end")
+
+
+def _brotli_decode(chunks: Iterable[bytes], coding: str, piece: int) -> Iterator[bytes]:
+    """br (RFC 7932) in pieces of about ``piece`` bytes (brotli's
+    ``output_buffer_limit`` stops the output buffer growing once it holds ``piece``
+    bytes), and at least one (maybe empty) piece per input chunk. Bytes after the end
+    of the stream are ignored."""
+    d = _brotli.Decompressor()
+    try:
+        for chunk in chunks:
+            data = chunk
+            while not d.is_finished():
+                out = d.process(data, output_buffer_limit=piece)
+                data = b""
+                if out:
+                    yield out
+                if d.can_accept_more_data() and (not out or len(out) < piece):
+                    break
+            yield b""
+        while not d.is_finished():  # output still held back by the limit
+            out = d.process(b"", output_buffer_limit=piece)
+            if not out:
+                break
+            yield out
+    except _brotli.error as e:
+        raise ContentDecodeError("decoding", f"bad {coding} data: {e}") from e
+    if not d.is_finished():
+        raise ContentDecodeError("truncated", f"the {coding} stream ends before its end")
+
+
+def decode_content(chunks: Iterable[bytes], codings: Sequence[str],
+                   piece_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """Decode a body streamed as ``chunks`` (bytes as received) whose ``Content-Encoding``
+    is ``codings`` (``content_codings``: in the order applied, so they are undone last
+    first, RFC 9110 §8.4). Lazily yields decoded pieces of at most about ``piece_bytes``
+    bytes (and empty pieces while input yields no output), so a caller that stops
+    consuming at its size limit never holds more than that limit plus one piece: a
+    compression bomb costs memory for what is read of it only.
+
+    Raises ``ContentDecodeError`` (kind ``"decoding"``: invalid data; ``"truncated"``:
+    the input ends inside the compressed stream) and ``ValueError`` for a coding not in
+    ``SUPPORTED_CODINGS``. With no codings the chunks are passed through."""
+    stream: Iterable[bytes] = chunks
+    for coding in reversed(codings):
+        if coding not in SUPPORTED_CODINGS:
+            raise ValueError(f"unsupported Content-Encoding {coding!r}")
+        decode = _brotli_decode if coding == "br" else _zlib_decode
+        stream = decode(stream, coding, piece_bytes)
+    yield from stream
 
 
 def user_agent_token(user_agent: str) -> str:
@@ -138,7 +321,8 @@ class HttpFetcher:
 
     ``spec.timeout_s`` (seconds) is both the connect timeout and the read timeout (the
     longest wait for any bytes from the server, not a whole-request deadline).
-    ``max_bytes`` (bytes) is the largest body accepted. Thread-safe: ``fetch`` may be
+    ``max_bytes`` (bytes) is the largest body accepted, counted after any
+    ``Content-Encoding`` is decoded (see the module docstring). Thread-safe: ``fetch`` may be
     called from many threads at once (the connection pool holds ``spec.threads``
     connections per host). ``stats`` counts ``fetches`` (calls), ``requests`` (HTTP
     attempts including retries), ``retries``, ``ok``, ``bytes`` (body bytes returned) and
@@ -170,7 +354,8 @@ class HttpFetcher:
         session.mount("http://", adapter)
         session.mount("https://", adapter)
         session.headers["User-Agent"] = spec.user_agent
-        # The body as the server stores it: max_bytes then counts bytes on the wire.
+        # Ask for the body as the server stores it (media are compressed already; a
+        # coding would only cost CPU). A server may encode it anyway: _read_body decodes.
         session.headers["Accept-Encoding"] = "identity"
         # A crawler keeps no cookies (and the shared session then has no mutable jar state).
         session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
@@ -207,9 +392,12 @@ class HttpFetcher:
         return None, RowError(ErrorReason.TOO_LARGE, text)
 
     def fetch(self, url: str) -> tuple[bytes | None, RowError | None]:
-        """Download ``url``: ``(body, None)``, or ``(None, RowError)`` (reason
-        ``failed_to_download`` or ``too_large``); never raises for a per-URL problem (bad
-        URL, network, HTTP status, size, opt-out)."""
+        """Download ``url`` (an absolute ``http``/``https`` URL; the scheme in any case,
+        RFC 3986 §3.1, requested in lower case): ``(body, None)`` with the body decoded
+        from its ``Content-Encoding``, or ``(None, RowError)`` (reason
+        ``failed_to_download`` or ``too_large``; the message starts with ``url`` as
+        given). Never raises for a per-URL problem (bad URL or scheme, network, HTTP
+        status, size, opt-out, content coding)."""
         self._count("fetches")
         try:
             parts = urlsplit(url)
@@ -223,15 +411,16 @@ class HttpFetcher:
             return self._fail("invalid_url", url, "invalid url: no host")
         with self._host_slot(host):
             try:
-                return self._fetch(url)
+                return self._fetch(url, lower_scheme(url))
             except Exception as e:  # noqa: BLE001 - a per-URL failure is this row's error
                 return self._classify(url, e, None)
 
-    def _fetch(self, url: str) -> tuple[bytes | None, RowError | None]:
+    def _fetch(self, url: str, request_url: str) -> tuple[bytes | None, RowError | None]:
         self._count("requests")
         timeout = (self.spec.timeout_s, self.spec.timeout_s)
         deadline = time.monotonic() + self.spec.max_time_s
-        resp = self._session.get(url, timeout=timeout, stream=True, allow_redirects=True)
+        resp = self._session.get(request_url, timeout=timeout, stream=True,
+                                 allow_redirects=True)
         try:
             for r in resp.history:  # redirects followed by requests: one attempt each
                 self._count("requests")
@@ -245,29 +434,65 @@ class HttpFetcher:
             directive = is_disallowed(robots, self.token, self.spec.disallowed_header_directives)
             if directive is not None:  # checked before reading any of the body
                 return self._fail("opted_out", url, f"opted out by X-Robots-Tag: {directive}")
-            length = self._content_length(resp)
-            if length is not None and length > self.max_bytes:
-                return self._too_large(f"{length} bytes > max_bytes {self.max_bytes}")
-            body = bytearray()
-            try:
-                for chunk in resp.iter_content(CHUNK_BYTES):
-                    body += chunk
-                    if time.monotonic() > deadline:
-                        return self._fail("timeout", url, f"download took longer than "
-                                          f"max_time_s {self.spec.max_time_s} s")
-                    if len(body) > self.max_bytes:
-                        return self._too_large(f"more than {self.max_bytes} bytes "
-                                               f"> max_bytes {self.max_bytes}")
-            except Exception as e:  # noqa: BLE001 - classified below
-                return self._classify(url, e, (resp, length))
-            if length is not None and len(body) < length:  # enforce_content_length off?
-                return self._fail("truncated", url, f"truncated body: got {len(body)} of "
-                                  f"{length} bytes")
-            self._count("ok")
-            self._count("bytes", len(body))
-            return bytes(body), None
+            codings = content_codings(resp.headers.get("Content-Encoding"))
+            unknown = [c for c in codings if c not in SUPPORTED_CODINGS]
+            if unknown:  # checked before reading any of the body
+                return self._fail("content_encoding", url, f"unsupported Content-Encoding "
+                                  f"{unknown[0]!r} (decoded: "
+                                  f"{', '.join(sorted(SUPPORTED_CODINGS))})")
+            length = self._content_length(resp)  # of the encoded body (RFC 9110 §8.6)
+            wire_max = encoded_bound(self.max_bytes) if codings else self.max_bytes
+            if length is not None and length > wire_max:
+                coded = f" ({', '.join(codings)}-encoded)" if codings else ""
+                return self._too_large(f"{length} bytes{coded} > max_bytes {self.max_bytes}")
+            return self._read_body(url, resp, codings, length, wire_max, deadline)
         finally:
             resp.close()
+
+    def _read_body(self, url: str, resp: requests.Response, codings: list[str],
+                   length: int | None, wire_max: int,
+                   deadline: float) -> tuple[bytes | None, RowError | None]:
+        """Stream the body, decoding ``codings``: the size limit applies to the decoded
+        bytes as they come, the truncation check to the bytes on the wire."""
+        wire = 0  # body bytes received (after chunked transfer coding, before decoding)
+
+        def raw() -> Iterator[bytes]:
+            nonlocal wire
+            for chunk in resp.raw.stream(CHUNK_BYTES, decode_content=False):
+                wire += len(chunk)
+                yield chunk
+
+        body = bytearray()
+        try:
+            for piece in decode_content(raw(), codings, CHUNK_BYTES):
+                body += piece
+                if time.monotonic() > deadline:
+                    return self._fail("timeout", url, f"download took longer than "
+                                      f"max_time_s {self.spec.max_time_s} s")
+                if len(body) > self.max_bytes:
+                    decoded = " decoded" if codings else ""
+                    return self._too_large(f"more than {self.max_bytes}{decoded} bytes "
+                                           f"> max_bytes {self.max_bytes}")
+                if wire > wire_max:  # encoded data that decodes to (almost) nothing
+                    return self._too_large(f"more than {wire_max} bytes "
+                                           f"({', '.join(codings)}-encoded) > max_bytes "
+                                           f"{self.max_bytes}")
+        except ContentDecodeError as e:
+            if length is not None and wire < length:
+                return self._fail("truncated", url, f"truncated body: got {wire} of "
+                                  f"{length} bytes")
+            if e.kind == "truncated":
+                return self._fail("truncated", url, f"truncated body: {e} (got {wire} "
+                                  f"bytes)")
+            return self._fail("decoding", url, f"bad content encoding: {e}")
+        except Exception as e:  # noqa: BLE001 - classified below
+            return self._classify(url, e, (resp, length))
+        if length is not None and wire < length:  # enforce_content_length off?
+            return self._fail("truncated", url, f"truncated body: got {wire} of "
+                              f"{length} bytes")
+        self._count("ok")
+        self._count("bytes", len(body))
+        return bytes(body), None
 
     @staticmethod
     def _content_length(resp: requests.Response) -> int | None:

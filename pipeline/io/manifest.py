@@ -1,19 +1,114 @@
-"""Reading Parquet, CSV and JSONL manifests through ``pyarrow`` (and ``pyarrow.fs``)."""
+"""Reading Parquet, CSV and JSONL manifests: profile a file once, read row ranges as batches.
+
+A manifest row is read in the same way by ``profile`` (which counts the rows and decides
+the types of the carried columns from ALL rows, in one streaming pass) and by
+``read_rows`` (which yields the rows ``[start, stop)`` in batches), so the planned row
+counts and the rows read always agree: every row in ``[start, stop)`` yields exactly one
+output row, a row that cannot be read yields one row with an ``errors`` entry, never a
+failed manifest. Memory is one block (CSV/JSONL: one buffered MiB and one batch of rows;
+Parquet: one record batch) whatever the file size.
+
+Columns are of two kinds:
+
+* ``used``: the columns mmpipe interprets itself (path/url, caption, key). They are not
+  typed and come out raw (Python values as read: CSV: ``str``, or the cell's original
+  ``bytes`` when they are not valid UTF-8 - e.g. a Windows-1252 export - so that the
+  caller decodes them with ``pipeline.text.decode_text`` and keeps its flags;
+  ``normalize_caption`` does that for captions. JSONL: any JSON value (a top-level string
+  on a line that was not valid UTF-8 comes out as its original ``bytes``). Parquet:
+  ``str`` for string columns (``bytes`` for a value that is not valid UTF-8), ``bytes``
+  for binary columns, dictionaries decoded, other types as ``to_pylist`` gives them).
+* carried: every other column. ``profile`` decides its type per file from all rows,
+  ``union_columns`` across files, and ``read_rows`` converts values to that type.
+
+Carried types (per file): CSV: ``int64`` if every non-empty cell is an integer (ASCII
+digits, optional sign, no leading zeros - ids like ``000123`` stay text - within
+int64), else ``float64`` if every non-empty cell is a decimal number, else ``bool`` if
+every non-empty cell is true/True/TRUE/false/False/FALSE, else ``large_string``; an empty
+cell is None. JSONL: ``int64`` (ints within int64), ``float64`` (floats, or ints and
+floats), ``bool``, else ``large_string`` (strings; any mix of kinds, e.g. ``"a-17"`` and
+``4711``; objects and lists) where non-strings are their JSON text. Parquet: the stored
+type (a dictionary: its value type). A column with no non-null value is ``pa.null()``.
+Text values are cleaned with ``pipeline.text.clean_text`` (bytes: ``decode_text``).
+
+Text encoding of CSV/JSONL (``pipeline.text.sniff_encoding`` on the first 4 KiB): a BOM
+(UTF-8, UTF-16, UTF-32) or BOM-less UTF-16/32 names the encoding; otherwise UTF-8 read
+with ``errors="surrogateescape"`` so that each cell's original bytes are recovered and
+decoded by itself (``decode_text``: cp1252 cells get ``encoding_fixed``).
+CSV: Python's ``csv`` module (excel dialect: ``,`` and ``"``; quoted newlines work);
+the first non-blank row is the header (names decoded like cells; a repeated name gets
+``.1``, ``.2``...); blank lines are skipped; a row with a different number of fields
+than the header is an error row. JSONL: one ``json.loads`` per line (``strict=False``:
+raw control characters in strings are accepted, then cleaned); blank lines are skipped;
+a line that is not a JSON object is an error row.
+"""
 
 from __future__ import annotations
 
+import csv
+import dataclasses
+import io
+import itertools
+import json
 import posixpath
+import re
+from collections.abc import Callable, Collection, Iterator
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from pipeline.errors import PartitionError, PlanError
 from pipeline.io import fs
+from pipeline.io import manifest_types as mt
+from pipeline.text import clean_text, decode_text, sniff_encoding
 
 _EXTENSIONS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl",
                ".ndjson": "jsonl"}
+
+_BUFFER_BYTES = 1 << 20
+_HEAD_BYTES = 4096
+_CSV_FIELD_LIMIT = 64 << 20  # characters; Python's default (128 KiB) is below long captions
+_ESCAPED = re.compile("[\udc80-\udcff]")  # surrogateescape'd bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class ManifestProfile:
+    """What one pass over a manifest file found.
+
+    ``rows``: data rows (the rows ``read_rows`` yields for ``[0, rows)``). ``columns``:
+    carried column name -> Arrow type decided from all rows (module docstring), in file
+    order, the ``used`` columns excluded. ``names``: every column name of the file (CSV:
+    the header; Parquet: the schema; JSONL: every key seen, in order of first sight).
+    """
+
+    rows: int
+    columns: dict[str, pa.DataType]
+    names: list[str]
+
+
+@dataclasses.dataclass
+class ManifestRows:
+    """One batch of manifest rows: rows ``first_row .. first_row + num_rows - 1`` of the file
+    (0-based, data rows only; row numbers are contiguous).
+
+    ``values``: column name -> list (one value per row) for every ``used`` column (raw
+    values, module docstring) and every ``carried`` column (converted to its type); None
+    where the file or the row lacks the column, and in every column of an error row.
+    ``errors``: per row, None or why the row could not be read (it then counts as one
+    error row). ``names``: the file's columns (CSV: header; Parquet: schema; JSONL: the
+    keys of this batch's rows).
+    """
+
+    first_row: int
+    values: dict[str, list[Any]]
+    errors: list[str | None]
+    names: tuple[str, ...] = ()
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in this batch."""
+        return len(self.errors)
 
 
 def manifest_format(uri: str, declared: str) -> str:
@@ -43,106 +138,453 @@ def list_manifests(uri: str, declared: str) -> list[tuple[str, int]]:
     return found
 
 
-def _open_batches(uri: str, fmt: str, string_columns: tuple[str, ...] = ()):
-    """A streaming reader (``.schema``, iterable of record batches) over a CSV or JSONL
-    manifest, and the stream to close. Types are inferred from the first block, as
-    ``pyarrow.csv.read_csv`` does; CSV columns in ``string_columns`` are strings (keys like
-    000123 must not become ints)."""
+# ---------------------------------------------------------------------------------------
+# Values: kinds, types, conversions
+
+
+class _BadRow:
+    """A CSV record the ``csv`` module could not parse (one error row)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _open_text(uri: str, newline: str) -> io.TextIOWrapper:
+    """A text stream over ``uri`` in the encoding ``sniff_encoding`` picks (UTF-8 with
+    ``surrogateescape``; UTF-16/32 with ``replace``)."""
     fsys, path = fs.resolve(uri)
     stream = fsys.open_input_stream(path)
     try:
-        if fmt == "csv":
-            types = {c: pa.string() for c in string_columns if c}
-            return pacsv.open_csv(stream, convert_options=pacsv.ConvertOptions(
-                column_types=types)), stream
-        return pajson.open_json(stream), stream
+        buf = io.BufferedReader(stream, _BUFFER_BYTES)
+        codec, _ = sniff_encoding(buf.peek(_HEAD_BYTES)[:_HEAD_BYTES])
+        errors = "surrogateescape" if codec.startswith("utf-8") else "replace"
+        return io.TextIOWrapper(buf, encoding=codec, errors=errors, newline=newline)
     except BaseException:
         stream.close()
         raise
 
 
-def _scan(uri: str, fmt: str, string_columns: tuple[str, ...], start: int, stop: int | None
-          ) -> tuple[pa.Schema, list[pa.RecordBatch], int]:
-    """Stream a CSV/JSONL manifest: its schema, the batches of rows ``[start, stop)``
-    (``stop=None``: none kept, just count), and the rows seen (all of them if
-    ``stop`` is None). Memory: one block plus the kept rows."""
-    reader, stream = _open_batches(uri, fmt, string_columns)
-    kept, offset = [], 0
+def _csv_records(text: io.TextIOWrapper) -> Iterator[list[str] | _BadRow]:
+    """Non-blank CSV records (header included) as lists of cells, or ``_BadRow``."""
+    if csv.field_size_limit() < _CSV_FIELD_LIMIT:
+        csv.field_size_limit(_CSV_FIELD_LIMIT)
+    reader = csv.reader(text)
+    while True:
+        try:
+            record = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            yield _BadRow(f"line {reader.line_num}: {e}")
+            continue
+        if record:
+            yield record
+
+
+def _json_lines(text: io.TextIOWrapper) -> Iterator[tuple[int, str]]:
+    """``(line_number, line)`` of the non-blank lines (line numbers from 1)."""
+    for number, line in enumerate(text, 1):
+        if line.strip():
+            yield number, line
+
+
+def _header(record: list[str] | _BadRow | None, uri: str) -> list[str]:
+    """Column names from a CSV header record: decoded, cleaned, repeated names numbered."""
+    if record is None:
+        return []
+    if isinstance(record, _BadRow):
+        raise PartitionError(f"manifest {uri}: cannot read the CSV header: {record.message}")
+    names: list[str] = []
+    for cell in record:
+        name, n = mt.cell_text(cell), 1
+        while name in names:
+            name, n = f"{mt.cell_text(cell)}.{n}", n + 1
+        names.append(name)
+    return names
+
+
+class _Cursor:
+    """The data rows of a CSV/JSONL manifest, taken in chunks. A chunk is taken under
+    ``fs.with_retries``: a storage error mid-stream reopens the file and skips the rows
+    already taken (rows are counted by the same reader, so a resumed stream is exact)."""
+
+    def __init__(self, uri: str, fmt: str):
+        self.uri, self.fmt = uri, fmt
+        self.pos = 0
+        self.names: list[str] = []
+        self._text: io.TextIOWrapper | None = None
+        self._rows: Iterator[Any] | None = None
+
+    def _open(self) -> Iterator[Any]:
+        text = _open_text(self.uri, "" if self.fmt == "csv" else "\n")
+        self._text = text
+        if self.fmt == "csv":
+            records = _csv_records(text)
+            self.names = _header(next(records, None), self.uri)
+            rows: Iterator[Any] = records
+        else:
+            rows = _json_lines(text)
+        for _ in itertools.islice(rows, self.pos):
+            pass
+        return rows
+
+    def take(self, n: int) -> list[Any]:
+        """The next ``n`` rows (fewer at the end of the file)."""
+        def attempt() -> list[Any]:
+            try:
+                if self._rows is None:
+                    self._rows = self._open()
+                return list(itertools.islice(self._rows, n))
+            except BaseException:
+                self.close()
+                raise
+        chunk = fs.with_retries(self.uri, "read manifest", attempt)
+        self.pos += len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        """Close the stream (a later ``take`` reopens it)."""
+        if self._text is not None:
+            self._text.close()
+        self._text, self._rows = None, None
+
+
+def _parse_json(line: str) -> tuple[dict[str, Any] | None, str | None]:
+    """``(object, None)`` for a JSON object line, else ``(None, why)``. On a line that
+    was not valid UTF-8, top-level strings holding such bytes become those bytes."""
     try:
-        for batch in reader:
-            n = batch.num_rows
-            if stop is not None and offset + n > start and offset < stop:
-                lo = max(0, start - offset)
-                kept.append(batch.slice(lo, min(n, stop - offset) - lo))
-            offset += n
-            if stop is not None and offset >= stop:
+        obj = json.loads(line, strict=False)
+    except (ValueError, RecursionError) as e:
+        return None, f"invalid JSON: {str(e)[:200]}"
+    if not isinstance(obj, dict):
+        return None, f"not a JSON object but {type(obj).__name__}"
+    if not line.isascii() and _ESCAPED.search(line):
+        obj = {_escaped_text(k) if _ESCAPED.search(k) else k: _escaped_bytes(v)
+               for k, v in obj.items()}
+    return obj, None
+
+
+def _escaped_bytes(v: Any) -> Any:
+    """A str holding surrogateescape'd bytes as its original bytes; anything else as is."""
+    if isinstance(v, str) and _ESCAPED.search(v):
+        try:
+            return v.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # also holds a JSON-escaped lone surrogate
+            pass
+    return v
+
+
+def _escaped_text(s: str) -> str:
+    """A str holding surrogateescape'd bytes decoded by ``decode_text`` (key names)."""
+    raw = _escaped_bytes(s)
+    return decode_text(raw)[0] if isinstance(raw, bytes) else clean_text(raw)[0]
+
+
+def _read_text(uri: str, fmt: str, start: int, stop: int, used: list[str],
+               carried: dict[str, pa.DataType], batch_size: int) -> Iterator[ManifestRows]:
+    cursor = _Cursor(uri, fmt)
+    try:
+        if start > 0:
+            while cursor.pos < start and cursor.take(min(batch_size * 16, start - cursor.pos)):
+                pass
+        row = cursor.pos
+        while row < stop:
+            chunk = cursor.take(min(batch_size, stop - row))
+            if not chunk:
                 break
-        return reader.schema, kept, offset
+            if fmt == "csv":
+                yield _csv_batch(chunk, cursor.names, row, used, carried)
+            else:
+                yield _json_batch(chunk, row, used, carried)
+            row += len(chunk)
     finally:
-        stream.close()
+        cursor.close()
 
 
-def _guard(uri: str, fmt: str, what: str, fn):
-    """Run ``fn`` with retries; an unreadable file raises ``PartitionError`` naming it."""
+def _csv_batch(chunk: list[Any], names: list[str], first: int, used: list[str],
+               carried: dict[str, pa.DataType]) -> ManifestRows:
+    index = {name: i for i, name in enumerate(names)}
+    n = len(chunk)
+    values: dict[str, list[Any]] = {c: [None] * n for c in (*used, *carried)}
+    errors: list[str | None] = [None] * n
+    for j, record in enumerate(chunk):
+        if isinstance(record, _BadRow):
+            errors[j] = f"row {first + j}: {record.message}"
+            continue
+        if len(record) != len(names):
+            errors[j] = (f"row {first + j}: expected {len(names)} fields (the header's), "
+                         f"got {len(record)}")
+            continue
+        for c in used:
+            if c in index:
+                values[c][j] = mt.cell_raw(record[index[c]])
+        for c, t in carried.items():
+            if c in index:
+                try:
+                    values[c][j] = mt.csv_value(record[index[c]], t)
+                except ValueError as e:
+                    mt.note(errors, j, f"row {first + j}: column {c!r}: {e}")
+    return ManifestRows(first, values, errors, tuple(names))
+
+
+def _json_batch(chunk: list[tuple[int, str]], first: int, used: list[str],
+                carried: dict[str, pa.DataType]) -> ManifestRows:
+    n = len(chunk)
+    values: dict[str, list[Any]] = {c: [None] * n for c in (*used, *carried)}
+    errors: list[str | None] = [None] * n
+    names: dict[str, None] = {}
+    for j, (line_number, line) in enumerate(chunk):
+        obj, why = _parse_json(line)
+        if obj is None:
+            errors[j] = f"row {first + j} (line {line_number}): {why}"
+            continue
+        names.update(dict.fromkeys(obj))
+        for c in used:
+            values[c][j] = obj.get(c)
+        for c, t in carried.items():
+            try:
+                values[c][j] = mt.json_value(obj.get(c), t)
+            except ValueError as e:
+                mt.note(errors, j, f"row {first + j} (line {line_number}): column {c!r}: {e}")
+    return ManifestRows(first, values, errors, tuple(names))
+
+
+def _profile_text(uri: str, fmt: str, used: set[str]) -> ManifestProfile:
+    cursor = _Cursor(uri, fmt)
+    kinds: dict[str, set[str]] = {}
+    names: dict[str, None] = {}
+    rows = 0
     try:
-        return fs.with_retries(uri, what, fn)
+        while True:
+            chunk = cursor.take(4096)
+            if not chunk:
+                break
+            rows += len(chunk)
+            if fmt == "csv":
+                _csv_kinds(chunk, cursor.names, used, kinds)
+            else:
+                for _, line in chunk:
+                    obj, _why = _parse_json(line)
+                    if obj is None:
+                        continue
+                    for k, v in obj.items():
+                        names.setdefault(k)
+                        if k not in used:
+                            kind = mt.json_kind(v)
+                            col = kinds.setdefault(k, set())
+                            if kind:
+                                col.add(kind)
+        if fmt == "csv":
+            names = dict.fromkeys(cursor.names)
+    finally:
+        cursor.close()
+    columns = {k: mt.type_of(kinds.get(k, set())) for k in names if k not in used}
+    return ManifestProfile(rows, columns, list(names))
+
+
+def _csv_kinds(chunk: list[Any], names: list[str], used: set[str],
+               kinds: dict[str, set[str]]) -> None:
+    todo = [(i, kinds.setdefault(name, set())) for i, name in enumerate(names)
+            if name not in used]
+    todo = [(i, k) for i, k in todo if "text" not in k]
+    if not todo:
+        return
+    width = len(names)
+    for record in chunk:
+        if isinstance(record, _BadRow) or len(record) != width:
+            continue
+        for i, col in todo:
+            kind = mt.csv_kind(record[i])
+            if kind:
+                col.add(kind)
+
+
+# ---------------------------------------------------------------------------------------
+# Parquet
+
+
+def _utf8_or_bytes(b: bytes | None) -> str | bytes | None:
+    if b is None:
+        return None
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return b
+
+
+def _arrow_raw(col: pa.Array) -> list[Any]:
+    """A used Parquet column as Python values (module docstring)."""
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if mt.is_text_type(col.type):
+        return [_utf8_or_bytes(b) for b in col.cast(pa.large_binary()).to_pylist()]
+    return col.to_pylist()
+
+
+def _arrow_carried(col: pa.Array, target: pa.DataType, first: int, name: str,
+                   errors: list[str | None]) -> list[Any]:
+    """A carried Parquet column converted to ``target``; a value that cannot be converted
+    is None and notes an error on its row."""
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    t = col.type
+    if mt.is_text_type(target):
+        if mt.is_text_type(t) or mt.is_binary_type(t):
+            try:
+                return [None if b is None else mt.bytes_text(b)
+                        for b in col.cast(pa.large_binary()).to_pylist()]
+            except (pa.ArrowException, ValueError):
+                pass
+        elif mt.numeric(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t):
+            try:
+                return col.cast(pa.large_string()).to_pylist()
+            except (pa.ArrowException, ValueError):
+                pass
+        return [mt.to_text(v) for v in col.to_pylist()]
+    if t == target:
+        return col.to_pylist()
+    try:
+        return col.cast(target).to_pylist()
+    except (pa.ArrowException, ValueError):
+        pass
+    out = []
+    for j, v in enumerate(col.to_pylist()):
+        try:
+            out.append(None if v is None else mt.generic(v, target))
+        except (pa.ArrowException, ValueError, TypeError):
+            out.append(None)
+            mt.note(errors, j, f"row {first + j}: column {name!r}: cannot convert "
+                  f"{mt.to_text(v)[:60]!r} to {target}")
+    return out
+
+
+def _profile_parquet(uri: str, used: set[str]) -> ManifestProfile:
+    fsys, path = fs.resolve(uri)
+
+    def read() -> ManifestProfile:
+        with fsys.open_input_file(path) as f:
+            pf = pq.ParquetFile(f)
+            schema = pf.schema_arrow
+            columns = {}
+            for field in schema:
+                if field.name not in used:
+                    t = field.type
+                    columns[field.name] = t.value_type if pa.types.is_dictionary(t) else t
+            return ManifestProfile(pf.metadata.num_rows, columns, list(schema.names))
+    return fs.with_retries(uri, "read footer", read)
+
+
+def _read_parquet(uri: str, start: int, stop: int, used: list[str],
+                  carried: dict[str, pa.DataType], batch_size: int) -> Iterator[ManifestRows]:
+    fsys, path = fs.resolve(uri)
+    f = fs.with_retries(uri, "open", lambda: fsys.open_input_file(path))
+    try:
+        pf = pq.ParquetFile(f)
+        names = tuple(pf.schema_arrow.names)
+        groups, offset, first = [], 0, 0
+        for g in range(pf.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            if offset + n > start and offset < stop and n:
+                first = offset if not groups else first
+                groups.append(g)
+            offset += n
+        # At least one column, so that batches carry their row count.
+        wanted = [c for c in names if c in used or c in carried] or list(names[:1])
+        row = first
+        batches = (pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=wanted)
+                   if groups else iter(()))
+        for rb in batches:
+            lo, hi = max(start, row), min(stop, row + rb.num_rows)
+            if hi > lo:
+                yield _parquet_batch(rb.slice(lo - row, hi - lo), lo, used, carried, names)
+            row += rb.num_rows
+            if row >= stop:
+                break
+    finally:
+        f.close()
+
+
+def _parquet_batch(rb: pa.RecordBatch, first: int, used: list[str],
+                   carried: dict[str, pa.DataType], names: tuple[str, ...]) -> ManifestRows:
+    n = rb.num_rows
+    errors: list[str | None] = [None] * n
+    values: dict[str, list[Any]] = {}
+    for c in used:
+        values[c] = _arrow_raw(rb.column(c)) if c in rb.schema.names else [None] * n
+    for c, t in carried.items():
+        values[c] = (_arrow_carried(rb.column(c), t, first, c, errors)
+                     if c in rb.schema.names else [None] * n)
+    return ManifestRows(first, values, errors, names)
+
+
+# ---------------------------------------------------------------------------------------
+# Public API
+
+
+def _guard(uri: str, fmt: str, error: type[Exception], fn: Callable[[], Any]) -> Any:
+    """Run ``fn``; a storage or Arrow error raises ``error`` naming the file."""
+    try:
+        return fn()
+    except (PartitionError, PlanError) as e:
+        raise error(str(e)) from e
     except (pa.ArrowException, OSError) as e:
-        raise PartitionError(f"manifest {uri}: cannot read as {fmt}: {e}") from e
+        raise error(f"manifest {uri}: cannot read as {fmt}: {e}") from e
 
 
-def count_rows(uri: str, declared: str) -> int:
-    """Rows in a manifest (Parquet: from the footer; CSV/JSONL: one streaming pass).
-    Raises ``PlanError`` naming the file."""
+def _used(used: Collection[str]) -> list[str]:
+    return list(dict.fromkeys(c for c in used if c))
+
+
+def profile(uri: str, declared: str, used: Collection[str]) -> ManifestProfile:
+    """Count the rows of the manifest ``uri`` and type its carried columns, in one pass.
+
+    ``declared``: the spec's manifest format (``auto``: from the extension). ``used``: the
+    columns mmpipe interprets (path/url, caption, key); they are left out of ``columns``
+    (empty names ignored). CSV/JSONL: one streaming pass over the whole file with the
+    reader ``read_rows`` uses (memory: one buffer and one chunk of rows); rows that cannot
+    be read count as rows (they are error rows when read) and do not take part in typing.
+    Parquet: count and types from the footer. Types: module docstring. Raises
+    ``PlanError`` naming the file when it cannot be read at all (missing, storage
+    failure after retries, a corrupt Parquet footer, an unknown extension).
+    """
     fmt = manifest_format(uri, declared)
+    names = set(_used(used))
+    if fmt == "parquet":
+        return _guard(uri, fmt, PlanError, lambda: _profile_parquet(uri, names))
+    return _guard(uri, fmt, PlanError, lambda: _profile_text(uri, fmt, names))
+
+
+def read_rows(uri: str, declared: str, start: int, stop: int, used: Collection[str],
+              carried: dict[str, pa.DataType], batch_size: int = 1024
+              ) -> Iterator[ManifestRows]:
+    """Yield the rows ``[start, stop)`` (0-based data rows, as counted by ``profile``) of
+    the manifest ``uri`` as ``ManifestRows`` of at most ``batch_size`` rows, in order;
+    exactly one output row per row of the range that the file holds (fewer only if the
+    file is shorter than ``stop``).
+
+    ``used``: columns returned raw (module docstring); ``carried``: column -> Arrow type
+    (``union_columns`` of the files' profiles) - values are converted to it (text
+    columns: cleaned text; non-strings as JSON text); a column this file lacks is None.
+    A row that cannot be parsed (wrong number of CSV fields, invalid JSON, not an object)
+    or whose value cannot be converted has an ``errors`` entry instead of failing the file.
+    Parquet reads only the row groups that overlap the range; CSV/JSONL stream from the
+    start of the file up to ``stop``. Raises ``PartitionError`` naming the file when it
+    cannot be read (storage failure after retries, corrupt Parquet data).
+    """
+    fmt = manifest_format(uri, declared)
+    cols = _used(used)
+    if fmt == "parquet":
+        it = _read_parquet(uri, start, stop, cols, dict(carried), batch_size)
+    else:
+        it = _read_text(uri, fmt, start, stop, cols, dict(carried), batch_size)
     try:
-        if fmt == "parquet":
-            fsys, path = fs.resolve(uri)
-            return _guard(uri, fmt, "read footer",
-                          lambda: pq.read_metadata(path, filesystem=fsys).num_rows)
-        return _guard(uri, fmt, "count rows", lambda: _scan(uri, fmt, (), 0, None)[2])
-    except PartitionError as e:
-        raise PlanError(str(e)) from e
+        while True:
+            batch = _guard(uri, fmt, PartitionError, lambda: next(it, None))
+            if batch is None:
+                return
+            yield batch
+    finally:
+        it.close()  # closes the file now if the caller stops early
 
-
-def read_schema(uri: str, declared: str, string_columns: tuple[str, ...] = ()) -> pa.Schema:
-    """The manifest's Arrow schema (Parquet: the footer; CSV/JSONL: the first block).
-    Raises ``PartitionError`` naming the file."""
-    fmt = manifest_format(uri, declared)
-    if fmt == "parquet":
-        fsys, path = fs.resolve(uri)
-        return _guard(uri, fmt, "read schema", lambda: pq.read_schema(path, filesystem=fsys))
-
-    def first_block() -> pa.Schema:
-        reader, stream = _open_batches(uri, fmt, string_columns)
-        stream.close()
-        return reader.schema
-    return _guard(uri, fmt, "read schema", first_block)
-
-
-def read_rows(uri: str, declared: str, start: int, stop: int,
-              string_columns: tuple[str, ...] = ()) -> pa.Table:
-    """Rows ``[start, stop)`` of a manifest; CSV columns in ``string_columns`` are read as
-    strings. Parquet reads only the row groups that overlap the range; CSV/JSONL stream
-    up to ``stop`` and keep only the range. Raises ``PartitionError`` naming the file."""
-    fmt = manifest_format(uri, declared)
-    if fmt == "parquet":
-        fsys, path = fs.resolve(uri)
-
-        def read() -> pa.Table:
-            with fsys.open_input_file(path) as f:
-                pf = pq.ParquetFile(f)
-                groups, offset, first = [], 0, 0
-                for g in range(pf.num_row_groups):
-                    n = pf.metadata.row_group(g).num_rows
-                    if offset + n > start and offset < stop:
-                        first = offset if not groups else first
-                        groups.append(g)
-                    offset += n
-                table = pf.read_row_groups(groups) if groups else pf.schema_arrow.empty_table()
-                return table.slice(start - first, stop - start)
-        return _guard(uri, fmt, "read rows", read)
-
-    def scan() -> pa.Table:
-        schema, kept, _ = _scan(uri, fmt, string_columns, start, stop)
-        return pa.Table.from_batches(kept, schema=schema)
-    return _guard(uri, fmt, "read rows", scan)

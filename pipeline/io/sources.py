@@ -25,11 +25,12 @@ of videos).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,15 +39,15 @@ import pyarrow as pa
 from pipeline.columns import (KEY, METADATA_JSON, RAW_CAPTION, READ_ERROR, RESERVED, SOURCE_BYTES,
                               SOURCE_PATH, SOURCE_URI, Batch)
 from pipeline.errors import PartitionError, PlanError
-from pipeline.io import fs, manifest, webdataset
-from pipeline.io.fetch import Fetcher, is_url, too_large
+from pipeline.io import fs, manifest, manifest_types, webdataset
+from pipeline.io.fetch import Fetcher, is_data_uri, is_url, normalize_url, too_large
 from pipeline.io.stats import AttemptStats
+from pipeline.keys import PartitionKeys, escape_key, given_key, row_key, stem_key
 from pipeline.records import ErrorReason, InputItem, Partition, RowError
-from pipeline.spec import DecodeSpec, DownloadSpec, SourceSpec, VideoSpec
+from pipeline.spec import SIDECAR_EXTENSIONS, DecodeSpec, DownloadSpec, SourceSpec, VideoSpec
+from pipeline.text import clean_text, decode_text
 
 log = logging.getLogger(__name__)
-
-SIDECAR_EXTENSIONS = (".txt", ".json")
 
 
 class Datasource:
@@ -56,7 +57,16 @@ class Datasource:
     or, for video read in place, None), and may override ``extra_fields`` (carried
     columns). ``writes``: the declared columns its batches carry; ``settings()``: what
     changes its rows (hashed into the fingerprint).
+
+    Accounting: ``list_inputs`` counts the objects under the input it does not read, by
+    extension (``unread``), recorded in the plan through ``plan_metadata``; every planned
+    record comes out of ``read_partition`` as exactly one row (a bad one as an error row),
+    which ``pipeline.runtime.partition`` checks against ``rows_planned`` before commit.
+    Keys: ``read_partition`` makes a partition's keys unique (``pipeline.keys``) and
+    ``source_uri`` valid text (``fs.display_uri``).
     """
+
+    rows_known = True  # records known at planning (False: only once read)
 
     writes: tuple[str, ...] = (KEY, SOURCE_URI, SOURCE_BYTES, RAW_CAPTION, READ_ERROR)
 
@@ -69,6 +79,7 @@ class Datasource:
         self.video = spec.media == "video"
         if self.video:
             self.writes = self.writes + (SOURCE_PATH,)
+        self.unread: collections.Counter[str] = collections.Counter()
 
     def settings(self) -> dict[str, Any]:
         """The source spec and ``decode.max_bytes`` (records over it are errors)."""
@@ -77,6 +88,15 @@ class Datasource:
     def list_inputs(self) -> Iterator[InputItem]:
         """Yield every input item in a deterministic order. Raises ``PlanError``."""
         raise NotImplementedError
+
+    def plan_metadata(self) -> dict[str, str]:
+        """What planning learned, stored in the plan once ``list_inputs`` is exhausted and
+        handed to every ``Partition.plan_metadata``: ``unread_by_extension`` (JSON object,
+        extension -> objects under the input not read; ``""`` for no extension)."""
+        return {"unread_by_extension": json.dumps(dict(sorted(self.unread.items())))}
+
+    def _skip(self, uri: str) -> None:
+        self.unread[fs.display_uri(posixpath.splitext(uri)[1].lower())] += 1
 
     def extra_fields(self, partition: Partition) -> list[pa.Field]:
         """Arrow fields of carried (undeclared, per-input) columns; default none."""
@@ -102,13 +122,17 @@ class Datasource:
         bad record is a row with ``_read_error`` instead.
         """
         fetcher = Fetcher(self.max_bytes, self.download, self.temp_dir, self.video)
+        keys = PartitionKeys()
         try:
             for batch in self._read(partition, batch_size, pool, fetcher):
+                batch[KEY] = [keys.unique(k) for k in batch[KEY]]
                 if not self.video:
+                    batch[SOURCE_URI] = [_display_uri(u) for u in batch[SOURCE_URI]]
                     yield batch
                     continue
                 with contextlib.ExitStack() as stack:
                     self._stage(batch, fetcher, pool, stack)
+                    batch[SOURCE_URI] = [_display_uri(u) for u in batch[SOURCE_URI]]
                     yield batch
         finally:
             if stats is not None:
@@ -149,6 +173,8 @@ class FilesDatasource(Datasource):
         only a handful of stems are ever pending, whatever the listing's size.
         """
         exts = self.spec.media_extensions
+        root = fs.normalize(self.spec.uri)
+        self.unread.clear()
         pending: dict[str, dict] = {}
         found = 0
         last = ""
@@ -157,7 +183,7 @@ class FilesDatasource(Datasource):
                 raise PlanError(f"source.uri {self.spec.uri!r}: listing is not in key order")
             last = entry.uri
             for stem in [s for s in pending if not entry.uri.startswith(s + ".")]:
-                for item in _group_items(pending.pop(stem)):
+                for item in self._group_items(pending.pop(stem), root):
                     found += 1
                     yield item
             stem, ext = posixpath.splitext(entry.uri)
@@ -166,12 +192,29 @@ class FilesDatasource(Datasource):
                 group["side"][ext.lower()] = entry.uri
             elif ext.lower() in exts:
                 group["media"].append(entry)
+            else:
+                self._skip(entry.uri)
         for group in pending.values():
-            for item in _group_items(group):
+            for item in self._group_items(group, root):
                 found += 1
                 yield item
         if not found:
-            raise PlanError(f"source.uri {self.spec.uri!r}: no files with extensions {list(exts)}")
+            raise PlanError(f"source.uri {self.spec.uri!r}: no files with extensions {list(exts)}"
+                            f" (not read, by extension: {dict(self.unread)})")
+
+    def _group_items(self, group: dict, root: str) -> Iterator[InputItem]:
+        """The media of one stem with their sidecar; keys keep the extension when several
+        media share the stem (``pipeline.keys``). A sidecar without media is unread."""
+        caption = group["side"].get(".txt") or group["side"].get(".json")
+        if not group["media"]:
+            for uri in group["side"].values():
+                self._skip(uri)
+        elif caption and ".txt" in group["side"] and ".json" in group["side"]:
+            self._skip(group["side"][".json"])  # the .txt is the caption
+        shared = len(group["media"]) > 1
+        for entry in group["media"]:
+            yield InputItem(uri=entry.uri, size_bytes=entry.size_bytes, caption_uri=caption,
+                            key=stem_key(_relative(entry.uri, root), keep_extension=shared))
 
     def _read(self, partition, batch_size, pool, fetcher):
         root = fs.normalize(self.spec.uri)
@@ -179,7 +222,7 @@ class FilesDatasource(Datasource):
             items = partition.inputs[start:start + batch_size]
             rows = list(pool.map(lambda item: self._read_item(item, fetcher), items))
             batch: Batch = {k: [r[k] for r in rows] for k in rows[0]}
-            batch[KEY] = [_key_from_uri(i.uri, root) for i in items]
+            batch[KEY] = [i.key or stem_key(_relative(i.uri, root)) for i in items]
             yield batch
 
     def _read_item(self, item: InputItem, fetcher: Fetcher) -> dict[str, Any]:
@@ -199,46 +242,87 @@ class FilesDatasource(Datasource):
 
 
 class ManifestDatasource(Datasource):
-    """Rows of Parquet/CSV/JSONL manifests naming media by path or URL."""
+    """Rows of Parquet/CSV/JSONL manifests naming media by path or URL.
+
+    Planning profiles every manifest in one streaming pass (``manifest.profile``: its rows,
+    counted by the reader that reads them, and its carried columns typed from all rows);
+    the carried columns of all files are united (``manifest.union_columns``: a conflict
+    becomes text, with a warning in the plan and the report) and stored in the plan. A
+    manifest that cannot be read at all is planned as one record, read as one error row
+    naming it. A row that cannot be parsed is one error row; every planned row is one
+    output row.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._profiles: list[dict[str, pa.DataType]] = []
+
+    def _used(self) -> tuple[str, ...]:
+        """The columns mmpipe interprets (not carried): path/url, caption, key."""
+        return tuple(dict.fromkeys(c for c in ("url", "path", self.spec.path_column,
+                                               self.spec.caption_column, self.spec.key_column)
+                                   if c))
 
     def list_inputs(self) -> Iterator[InputItem]:
         files = manifest.list_manifests(self.spec.uri, self.spec.manifest_format)
         if not files:
             raise PlanError(f"source.uri {self.spec.uri!r}: no manifest files found")
+        self._profiles = []
         step = self.spec.partition_size
         for uri, size in files:
             try:
-                rows = manifest.count_rows(uri, self.spec.manifest_format)
-            except PlanError as e:
-                # A corrupt manifest (T11, T12) must not stop the job: it is planned as a
-                # partition of its own with no known rows, which fails when read, naming
-                # the file, and is reported after its retries.
-                log.warning("%s; planned as a partition of its own that will fail", e)
-                yield InputItem(uri=uri, size_bytes=size, row_start=0, row_stop=0)
+                found = manifest.profile(uri, self.spec.manifest_format, self._used())
+                if found.rows:
+                    self._path_column(found.names, uri)
+            except (PlanError, PartitionError) as e:
+                # A corrupt manifest (T11, T12) must not stop the job, nor vanish: it is one
+                # record, read as one error row naming the file.
+                log.warning("%s; planned as one error row", e)
+                yield InputItem(uri=uri, size_bytes=size, row_start=0, row_stop=1,
+                                error=str(e))
                 continue
+            self._profiles.append(found.columns)
             # Row ranges are cut at partition_size; the planner packs them into partitions.
-            for start in range(0, rows, step):
+            for start in range(0, found.rows, step):
                 yield InputItem(uri=uri, size_bytes=size, row_start=start,
-                                row_stop=min(rows, start + step))
+                                row_stop=min(found.rows, start + step))
+
+    def plan_metadata(self) -> dict[str, str]:
+        """Also ``carried_columns`` (``manifest.columns_to_text`` of the united carried
+        columns) and ``warnings`` (JSON list: type conflicts turned to text)."""
+        columns, warnings = manifest_types.union_columns(self._profiles)
+        for w in warnings:
+            log.warning("%s", w)
+        return dict(super().plan_metadata(), carried_columns=manifest_types.columns_to_text(columns),
+                    warnings=json.dumps(warnings))
+
+    def _carried(self, partition: Partition) -> dict[str, pa.DataType]:
+        """The job's carried columns: from the plan, else from this instance's listing,
+        else from profiling the partition's own files."""
+        text = partition.plan_metadata.get("carried_columns")
+        if text is not None:
+            return manifest_types.columns_from_text(text)
+        if not self._profiles:
+            self._profiles = [manifest.profile(u, self.spec.manifest_format, self._used()).columns
+                              for u in dict.fromkeys(i.uri for i in partition.inputs
+                                                     if i.error is None)]
+        return manifest_types.union_columns(self._profiles)[0]
 
     def extra_fields(self, partition: Partition) -> list[pa.Field]:
-        schema = manifest.read_schema(partition.inputs[0].uri, self.spec.manifest_format,
-                                      self._string_columns())
-        skip = {self._path_column(schema), self.spec.caption_column, self.spec.key_column}
-        return [pa.field(carried_name(f.name), f.type) for f in schema if f.name not in skip]
+        return [pa.field(carried_name(n), t) for n, t in self._carried(partition).items()]
 
-    def _string_columns(self) -> tuple[str, ...]:
-        return ("url", "path", self.spec.path_column or "", self.spec.caption_column,
-                self.spec.key_column or "")
-
-    def _path_column(self, schema: pa.Schema) -> str:
+    def _path_column(self, names: Iterable[str], uri: str) -> str:
+        names = list(names)
         if self.spec.path_column:
+            if self.spec.path_column not in names:
+                raise PartitionError(f"manifest {fs.display_uri(uri)}: column "
+                                     f"{self.spec.path_column!r} not found (columns: {names})")
             return self.spec.path_column
         for name in ("url", "path"):
-            if name in schema.names:
+            if name in names:
                 return name
-        raise PartitionError(f"manifest has neither a 'url' nor a 'path' column "
-                             f"(columns: {schema.names}); set source.path_column")
+        raise PartitionError(f"manifest {fs.display_uri(uri)} has neither a 'url' nor a 'path' "
+                             f"column (columns: {names}); set source.path_column")
 
     def settings(self) -> dict[str, Any]:
         """Also the download settings that change which rows fail (not threads or
@@ -247,42 +331,58 @@ class ManifestDatasource(Datasource):
             mode="json", exclude={"threads", "max_per_host"}))
 
     def _read(self, partition, batch_size, pool, fetcher):
+        carried = self._carried(partition)
+        root = fs.normalize(self.spec.uri)
         for item in partition.inputs:
-            table = manifest.read_rows(item.uri, self.spec.manifest_format, item.row_start,
-                                       item.row_stop, self._string_columns())
-            path_col = self._path_column(table.schema)
-            for col in (path_col, self.spec.key_column):
-                if col and col not in table.column_names:
-                    raise PartitionError(f"{item.uri}: column {col!r} not found "
-                                         f"(columns: {table.column_names})")
+            stem = posixpath.splitext(_relative(item.uri, root))[0]
+            if item.error is not None:
+                yield self._unreadable(item, stem, carried)
+                continue
             base = posixpath.dirname(item.uri)
-            stem = posixpath.splitext(posixpath.basename(item.uri))[0]
-            row = item.row_start
-            for chunk in table.to_batches(max_chunksize=batch_size):
-                yield self._batch(chunk.to_pydict(), path_col, base, f"{stem}/", row, pool,
-                                  fetcher)
-                row += chunk.num_rows
+            read = 0
+            for rows in manifest.read_rows(item.uri, self.spec.manifest_format, item.row_start,
+                                           item.row_stop, self._used(), carried, batch_size):
+                path_col = self._path_column(rows.names or self._used(), item.uri)
+                read += rows.num_rows
+                yield self._batch(rows, item.uri, path_col, base, stem, carried, fetcher, pool)
+            if read != item.row_stop - item.row_start:
+                raise PartitionError(
+                    f"manifest {fs.display_uri(item.uri)}: rows [{item.row_start}, "
+                    f"{item.row_stop}) were planned, {read} read: the file changed since "
+                    f"planning (use --mode overwrite to plan again)")
 
-    def _batch(self, cols: dict[str, list], path_col: str, base: str, key_prefix: str,
-               first_row: int, pool: ThreadPoolExecutor, fetcher: Fetcher) -> Batch:
-        uris = [_resolve_media(p, base) for p in cols[path_col]]
-        executor = fetcher.downloads() if any(is_url(u) for u in uris) else pool
-        fetched = list(executor.map(lambda u: fetcher.fetch(u, None) if u else (
-            None, RowError(ErrorReason.READ_FAILED, f"empty {path_col!r} value")), uris))
-        if self.spec.key_column:
-            keys = [str(k) for k in cols[self.spec.key_column]]
-        else:  # a file's stem; a URL's row number in its manifest (img2dataset numbering)
-            keys = [f"{key_prefix}{first_row + j:09d}" if is_url(u)
-                    else posixpath.splitext(posixpath.basename(u or ""))[0]
-                    for j, u in enumerate(uris)]
-        batch: Batch = {KEY: keys, SOURCE_URI: [u or "" for u in uris],
-                        SOURCE_BYTES: [d for d, _ in fetched],
-                        READ_ERROR: [e for _, e in fetched],
-                        RAW_CAPTION: cols.get(self.spec.caption_column, [None] * len(uris))}
-        skip = {path_col, self.spec.caption_column, self.spec.key_column}
-        for name, values in cols.items():
-            if name not in skip:
-                batch[carried_name(name)] = values
+    def _unreadable(self, item: InputItem, stem: str, carried: dict) -> Batch:
+        """The one error row of a manifest that could not be read at planning."""
+        batch: Batch = {KEY: [escape_key(stem) + "#manifest"], SOURCE_URI: [item.uri],
+                        SOURCE_BYTES: [None], RAW_CAPTION: [None],
+                        READ_ERROR: [RowError(ErrorReason.READ_FAILED, item.error)]}
+        for name in carried:
+            batch[carried_name(name)] = [None]
+        return batch
+
+    def _batch(self, rows: manifest.ManifestRows, uri: str, path_col: str, base: str,
+               stem: str, carried: dict, fetcher: Fetcher, pool: ThreadPoolExecutor) -> Batch:
+        n = rows.num_rows
+        where = f"manifest {fs.display_uri(uri)}"
+        uris = [_resolve_media(_as_text(p), base) for p in rows.values[path_col]]
+        errors: list[RowError | None] = [
+            RowError(ErrorReason.READ_FAILED, f"{where}: {e}") if e is not None
+            else None if u else RowError(ErrorReason.READ_FAILED,
+                                         f"{where} row {rows.first_row + j}: no {path_col!r} value")
+            for j, (u, e) in enumerate(zip(uris, rows.errors))]
+        todo = [j for j in range(n) if errors[j] is None]
+        executor = fetcher.downloads() if any(is_url(uris[j]) for j in todo) else pool
+        fetched = dict(zip(todo, executor.map(lambda j: fetcher.fetch(uris[j], None), todo)))
+        given = (rows.values[self.spec.key_column] if self.spec.key_column else [None] * n)
+        batch: Batch = {
+            KEY: [given_key(_as_text(k)) or row_key(stem, rows.first_row + j)
+                  for j, k in enumerate(given)],
+            SOURCE_URI: [u or uri for u in uris],
+            SOURCE_BYTES: [fetched[j][0] if j in fetched else None for j in range(n)],
+            READ_ERROR: [fetched[j][1] if j in fetched else errors[j] for j in range(n)],
+            RAW_CAPTION: rows.values.get(self.spec.caption_column, [None] * n)}
+        for name in carried:
+            batch[carried_name(name)] = rows.values.get(name, [None] * n)
         return batch
 
 
@@ -303,22 +403,30 @@ class WebDatasetDatasource(Datasource):
         """Whole shards per partition (``source.shards_per_partition``)."""
         return self.spec.shards_per_partition
 
+    rows_known = False
+
     def rows_planned(self, partition: Partition) -> int | None:
         """None: a shard's samples are known only once it is read."""
         return None
 
     def list_inputs(self) -> Iterator[InputItem]:
+        """The shard ``source.uri``, or every ``.tar``/``.tar.gz``/``.tgz`` under it (others
+        are counted as unread)."""
+        self.unread.clear()
         size = fs.file_size(self.spec.uri)
         if size is not None:
             yield InputItem(uri=fs.normalize(self.spec.uri), size_bytes=size)
             return
         found = 0
         for entry in fs.list_files(self.spec.uri):
-            if entry.uri.lower().endswith(".tar"):
+            if webdataset.is_shard_name(entry.uri):
                 found += 1
                 yield InputItem(uri=entry.uri, size_bytes=entry.size_bytes)
+            else:
+                self._skip(entry.uri)
         if not found:
-            raise PlanError(f"source.uri {self.spec.uri!r}: no .tar shards found")
+            raise PlanError(f"source.uri {self.spec.uri!r}: no .tar, .tar.gz or .tgz shards "
+                            f"found (not read, by extension: {dict(self.unread)})")
 
     def _read(self, partition, batch_size, pool, fetcher):
         rows: list[dict[str, Any]] = []
@@ -352,7 +460,7 @@ class WebDatasetDatasource(Datasource):
                 error = error or RowError(ErrorReason.BAD_SAMPLE, f"key {sample.key!r} in "
                                           f"shard {sample.shard_uri}: bad json member: {e}")
         uri = f"{sample.shard_uri}#{sample.key}" + (f".{media}" if media else "")
-        return {KEY: sample.key, SOURCE_URI: uri, SOURCE_BYTES: None if error else data,
+        return {KEY: escape_key(sample.key), SOURCE_URI: uri, SOURCE_BYTES: None if error else data,
                 RAW_CAPTION: caption, READ_ERROR: error, METADATA_JSON: meta}
 
 
@@ -363,18 +471,15 @@ def _to_batch(rows: list[dict[str, Any]]) -> Batch:
 def split_json_caption(raw: bytes | str, caption_column: str) -> tuple[Any, str | None]:
     """A JSON sidecar or member -> ``(caption, metadata_json)``: an object gives its
     ``caption_column`` value and its other keys as sorted JSON; any other JSON value is the
-    caption itself, with no metadata (None). Raises ``ValueError`` for invalid JSON."""
-    obj = json.loads(raw)
+    caption itself, with no metadata (None). Bytes are decoded by
+    ``pipeline.text.decode_text`` (BOMs, UTF-16, the 8-bit fallback) first; the metadata
+    text is cleaned (lone surrogates from ``\\ud83c`` escapes -> U+FFFD); the caption is
+    left for the caption step to clean and flag. Raises ``ValueError`` for invalid JSON."""
+    obj = json.loads(decode_text(bytes(raw))[0] if isinstance(raw, (bytes, bytearray)) else raw)
     if not isinstance(obj, dict):
         return obj, None
     caption = obj.pop(caption_column, None)
-    return caption, json.dumps(obj, sort_keys=True, ensure_ascii=False)
-
-
-def _group_items(group: dict) -> Iterator[InputItem]:
-    caption = group["side"].get(".txt") or group["side"].get(".json")
-    for entry in group["media"]:
-        yield InputItem(uri=entry.uri, size_bytes=entry.size_bytes, caption_uri=caption)
+    return caption, clean_text(json.dumps(obj, sort_keys=True, ensure_ascii=False))[0]
 
 
 def carried_name(name: str) -> str:
@@ -382,18 +487,38 @@ def carried_name(name: str) -> str:
     return f"meta_{name}" if name in RESERVED or name.startswith("_") else name
 
 
+def _as_text(value: Any) -> Any:
+    """A path or key cell the manifest reader gave as bytes (not valid UTF-8) as text
+    (``pipeline.text.decode_text``); other values as they are."""
+    return decode_text(bytes(value))[0] if isinstance(value, (bytes, bytearray)) else value
+
+
 def _resolve_media(value: Any, base: str) -> str | None:
     if not isinstance(value, str) or not value.strip():
         return None
     value = value.strip()
+    url = normalize_url(value)  # http/https/data in any case; //host/p -> https://host/p
+    if url is not None:
+        return url
     if "://" in value or value.startswith("/"):
         return value
     return fs.join(base, value)
 
 
-def _key_from_uri(uri: str, root: str) -> str:
-    rel = uri[len(root):].lstrip("/") if uri.startswith(root) else posixpath.basename(uri)
-    return posixpath.splitext(rel)[0]
+def _display_uri(uri: str) -> str:
+    """``source_uri`` text: ``fs.display_uri`` (undecodable name bytes as ``\\xNN``); a
+    ``data:`` URI cut to its first 64 characters and its length (it can be megabytes)."""
+    if is_data_uri(uri) and len(uri) > 64:
+        return f"{uri[:64]}... ({len(uri)} characters)"
+    return fs.display_uri(uri)
+
+
+def _relative(uri: str, root: str) -> str:
+    """``uri`` relative to the input root ``root`` (its base name if outside it, or if it
+    is the root itself: ``source.uri`` names one file)."""
+    if uri.startswith(root.rstrip("/") + "/"):
+        return uri[len(root.rstrip("/")) + 1:]
+    return posixpath.basename(uri)
 
 
 def make_datasource(spec: SourceSpec, decode: DecodeSpec, download: DownloadSpec | None = None,

@@ -56,15 +56,16 @@ def run_job(spec: JobSpec) -> JobReport:
     fs.configure(**spec.storage.model_dump())
     check_models(spec)  # fail now, naming the model location, not in an actor
     prepare_output(spec)
-    plan, how = planning.load_or_create(spec.sink.uri, spec.source,
-                                        pipeline.datasource.list_inputs,
-                                        pipeline.datasource.items_per_partition)
+    source = pipeline.datasource
+    plan, how = planning.load_or_create(spec.sink.uri, spec.source, source.list_inputs,
+                                        source.items_per_partition, source.plan_metadata,
+                                        source.rows_known)
     store = CheckpointStore(spec.sink.uri)
     done, foreign = store.committed(fp)
     if foreign:
         raise PlanError(foreign_output_message(spec.sink.uri, foreign, fp, pipeline.settings()))
     report = JobReport(spec.name, spec.sink.uri, fp, f"{how}, {len(plan)} partitions",
-                       partitions_total=len(plan))
+                       partitions_total=len(plan), inputs=plan.totals())
     for pid in sorted(done):
         report.add_marker(done[pid], this_run=False)
     todo = [pid for pid in plan.partition_ids if pid not in done]

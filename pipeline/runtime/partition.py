@@ -20,7 +20,7 @@ from pipeline import __version__
 from pipeline.assembly import Pipeline
 from pipeline.columns import (ERROR, ERROR_REASON, PARTITION_ID, READ_ERROR, REJECT_REASON,
                               STATUS, Batch)
-from pipeline.errors import AssemblyError
+from pipeline.errors import AssemblyError, PartitionError
 from pipeline.io import retry
 from pipeline.io.checkpoint import MARKER_VERSION, CheckpointStore, CommitMarker
 from pipeline.io.datasink import WriteResult
@@ -66,7 +66,9 @@ def run_partition(pipeline: Pipeline, partition: Partition, attempt_id: str,
     ``pool``: threads for reads and row steps. ``ran_on`` (e.g. worker name and Ray node
     id) is recorded in the marker. Raises whatever the datasource, a step, a model or a
     datasink raises (the caller retries the partition), after this attempt's files are
-    deleted; ``AssemblyError`` if a step wrote a column it did not declare.
+    deleted; ``AssemblyError`` if a step wrote a column it did not declare;
+    ``PartitionError`` if the rows written differ from the records read or planned (the
+    accounting invariant: such an attempt never commits).
     """
     started = time.time()
     pid = partition.partition_id
@@ -76,6 +78,7 @@ def run_partition(pipeline: Pipeline, partition: Partition, attempt_id: str,
     known = pipeline.writes | set(schema.names)
     pending: collections.deque = collections.deque()
     models = pipeline.models
+    read = 0
     for sink in pipeline.datasinks:
         sink.on_write_start(pid, attempt_id, schema)
     try:
@@ -85,6 +88,7 @@ def run_partition(pipeline: Pipeline, partition: Partition, attempt_id: str,
             for batch in pipeline.datasource.read_partition(partition, spec.runtime.batch_size,
                                                             pool, stats):
                 batch = _start_batch(batch, pid)
+                read += len(batch[STATUS])
                 for step in pipeline.steps:
                     batch = step(batch)
                     _check_columns(batch, known, step.name)
@@ -92,6 +96,8 @@ def run_partition(pipeline: Pipeline, partition: Partition, attempt_id: str,
                 models.promote(pending)
                 _write_ready(pipeline, pending, stats, models.max_in_flight)
             _write_ready(pipeline, pending, stats, 1)
+            _check_accounting(pid, pipeline.datasource.rows_planned(partition), read,
+                              stats.rows_in)
             result = sum((s.on_write_complete() for s in pipeline.datasinks), WriteResult())
     except BaseException as e:
         for sink in pipeline.datasinks:
@@ -105,6 +111,14 @@ def run_partition(pipeline: Pipeline, partition: Partition, attempt_id: str,
         for sink in pipeline.datasinks:
             sink.on_write_failed(None)
     return AttemptOutcome(marker, committed, dict(stats.rows))
+
+
+def _check_accounting(pid: str, planned: int | None, read: int, written: int) -> None:
+    """Every planned record is read as one row and every row is written; else raise
+    ``PartitionError`` (the attempt is retried, then reported; it never commits)."""
+    if written != read or (planned is not None and read != planned):
+        raise PartitionError(f"partition {pid}: {planned if planned is not None else '?'} "
+                             f"records planned, {read} read, {written} written; not committed")
 
 
 def _check_columns(batch: Batch, known: set[str], step: str) -> None:

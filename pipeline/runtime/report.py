@@ -14,7 +14,11 @@ class JobReport:
     """Partitions done/skipped/failed, rows by status and reason, throughput, wall time.
 
     ``records_per_s`` counts rows processed in this run (skipped partitions excluded)
-    over ``wall_s`` seconds (planning and model start-up included).
+    over ``wall_s`` seconds (planning and model start-up included). ``inputs``: the plan's
+    input totals (``PartitionPlan.totals``: inputs and records planned, objects not read
+    by extension); ``rows_out``: rows of every committed partition. The job is complete
+    only when every partition committed and, where the plan knows its records,
+    ``rows_out`` equals them.
     """
 
     job: str
@@ -34,11 +38,14 @@ class JobReport:
     retried_requests: int = 0
     downloads: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     wall_s: float = 0.0
+    inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rows_out: int = 0
     model_actors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def add_marker(self, marker: CommitMarker, this_run: bool) -> None:
         """Count a committed partition's marker (``this_run``: committed by this run)."""
         self.rows_by_status.update(marker.rows_by_status)
+        self.rows_out += marker.rows_in
         self.rows_by_reason.update(marker.rows_by_reason)
         if this_run:
             self.partitions_committed.append(marker.partition_id)
@@ -56,8 +63,10 @@ class JobReport:
 
     @property
     def complete(self) -> bool:
+        planned = self.inputs.get("rows")
         return not self.partitions_failed and (
-            len(self.partitions_committed) + len(self.partitions_skipped) == self.partitions_total)
+            len(self.partitions_committed) + len(self.partitions_skipped) == self.partitions_total
+        ) and (planned is None or planned == self.rows_out)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -79,8 +88,14 @@ class JobReport:
             f"  partitions: {self.partitions_total} total, {len(self.partitions_committed)} "
             f"committed now, {len(self.partitions_skipped)} skipped (already committed), "
             f"{len(self.partitions_failed)} failed",
+            self._format_inputs(),
             f"  rows: ok={s.get('ok', 0)} rejected={s.get('rejected', 0)} error={s.get('error', 0)}",
         ]
+        if self.inputs.get("unread"):
+            lines.append("  not read (extension not listed or not a supported container): "
+                         + ", ".join(f"{ext or '(none)'}={n}" for ext, n in
+                                     sorted(self.inputs["unread_by_extension"].items())))
+        lines += [f"  warning: {w}" for w in self.inputs.get("warnings", [])]
         if self.rows_by_reason:
             lines.append("  reasons: " + ", ".join(f"{k}={v}" for k, v in
                                                    sorted(self.rows_by_reason.items())))
@@ -100,6 +115,13 @@ class JobReport:
             lines.append(f"  FAILED {pid}: {err}")
         lines.append(f"  output: {self.output_uri}")
         return "\n".join(lines)
+
+
+    def _format_inputs(self) -> str:
+        planned = self.inputs.get("rows")
+        return (f"  input: {self.inputs.get('inputs', 0)} inputs, "
+                f"{'?' if planned is None else planned} records planned, "
+                f"{self.rows_out} rows out")
 
 
 def format_model_actor(stats: dict[str, Any]) -> str:

@@ -10,9 +10,50 @@ Pure: no Ray, no file or network I/O. The policy, per kind of input:
   never sets it).
 * EXIF orientation (JPEG, WebP, PNG eXIf, TIFF, AVIF) is applied; HEIF transforms are
   applied by libheif. ``width``/``height`` are the upright full-resolution size.
-* every mode ends as (H, W, 3) uint8 RGB: 16-/32-bit samples are scaled by ``v >> 8`` (not
-  clipped); 1-bit becomes 0/255; an embedded ICC profile is converted to sRGB; alpha and
-  palette/tRNS transparency are composited over white (255, 255, 255).
+* every mode ends as (H, W, 3) uint8 RGB; an embedded ICC profile (of an "L", "RGB" or
+  "CMYK" colour part) is converted to sRGB; alpha and palette/tRNS transparency are
+  composited over white (255, 255, 255) and set ``has_alpha``. Per Pillow mode (names
+  and layouts from Pillow's "Concepts: Modes" handbook page):
+
+  ========================== ==========================================================
+  mode                       conversion (``decode_flags`` set, if any)
+  ========================== ==========================================================
+  1                          0 -> 0, 1 -> 255, replicated to R = G = B
+  L                          replicated to R = G = B (tRNS grey value -> white)
+  LA, La                     L replicated, composited over white by A (Pillow
+                             un-premultiplies La first)
+  P, PA                      palette lookup; tRNS index, RGBA palette or A composited
+  I;16, I;16B, I;16L, I;16N  16-bit unsigned: ``v >> 8`` (= floor(v / 256); 4660 -> 18),
+                             never clipped or wrapped
+  I                          32-bit signed (Pillow's container for 16-bit PNG/PPM and
+                             integer TIFF). If the declared depth (TIFF BitsPerSample,
+                             else 16) is <= 16 bits and holds every value: ``v >> (bits
+                             - 8)``. Else (32-bit samples, negative values): linear
+                             min..max stretch to 0..255 (``minmax_scaled``); uint32 TIFF
+                             samples (SampleFormat 1) are read unsigned first
+  F                          32-bit float. Finite samples all in [0, 1]: round(v * 255);
+                             else min..max stretch (``float_scaled``, and
+                             ``minmax_scaled``); NaN/-inf -> 0, +inf -> 255, left out of
+                             min/max (``nonfinite_samples``); no finite sample at all ->
+                             ``unsupported_format``. See ``imageio_util.float_to_uint8``
+  RGB                        as is (tRNS colour -> white)
+  RGBA, RGBa                 composited over white (RGBa un-premultiplied by Pillow)
+  RGBX                       X (padding) dropped
+  CMYK                       embedded ICC profile -> sRGB (littleCMS); else Pillow's
+                             ``R = (255 - C) * (255 - K) / 255`` rounded (G from M, B
+                             from Y). Adobe's inverted CMYK JPEGs are un-inverted by
+                             Pillow's JPEG decoder
+  YCbCr                      Pillow's convert: JFIF full-range ITU-R BT.601
+                             (ITU-T T.871): R = Y + 1.402 (Cr - 128), ...
+  LAB                        CIE L*a*b* (D50; L 0..255 = L* 0..100, a*/b* signed 8-bit
+                             in two's complement, as in TIFF CIELab) to sRGB via
+                             littleCMS (``ImageCms.createProfile("LAB")`` -> sRGB,
+                             the transform Pillow 13's ``convert("RGB")`` also builds;
+                             explicit so that no Pillow version copies the bands)
+  HSV                        Pillow's convert (H, S, V 0..255; H = hue * 255 / 360)
+  ========================== ==========================================================
+
+  Rounding is half up (127.5 -> 128). ``decode_flags`` is empty for every other image.
 * animations (GIF, APNG, WebP) and multi-page TIFF: frame/page 0 only; the count is kept.
 """
 
@@ -36,8 +77,9 @@ from pipeline.steps.imageio_util import (
     RASTER_FORMATS,
     UNSUPPORTED_IMAGE_FORMATS,
     composite_over_white,
+    float_to_uint8,
     icc_to_srgb,
-    scale_to_uint8,
+    int_to_uint8,
     sniff_format,
 )
 
@@ -98,6 +140,9 @@ class DecodedImage:
     ``n_frames``: animation frames or TIFF pages, 1 for a still image.
     ``is_animated``: True for multi-frame GIF/APNG/WebP/AVIF/HEIF sequences (not TIFF pages).
     ``has_alpha``: the source had an alpha channel or palette/tRNS transparency.
+    ``flags``: how the samples were brought to 8 bits when that was not a fixed depth
+    rule (``float_scaled``, ``minmax_scaled``, ``nonfinite_samples``; module docstring);
+    empty for ordinary images.
     """
 
     pixels: np.ndarray
@@ -108,6 +153,7 @@ class DecodedImage:
     n_frames: int
     is_animated: bool
     has_alpha: bool
+    flags: tuple[str, ...] = ()
 
 
 def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -121,7 +167,8 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
 
     Raises ``RecordError`` whose ``reason`` is an ``ErrorReason`` value: ``empty_file`` (no
     bytes), ``not_an_image`` (HTML, text, unknown bytes), ``unsupported_format`` (SVG,
-    JPEG XL, a missing codec or an exotic mode), ``too_large`` (over ``max_pixels``, or a
+    JPEG XL, a missing codec, a mode Pillow cannot open such as 3-channel float TIFF, a
+    float image without one finite sample), ``too_large`` (over ``max_pixels``, or a
     metadata decompression bomb), ``truncated`` or ``corrupt`` (with the decoder's message).
     """
     if not data:
@@ -160,7 +207,7 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
                     im.draft(im.mode, (draft_min_side_px, draft_min_side_px))
             im.load()
             orientation = _orientation(im)
-            rgb, has_alpha = _to_rgb(im)
+            rgb, has_alpha, flags = _to_rgb(im)
         except _DECODE_ERRORS as exc:
             raise _record_error(exc, fmt, data) from exc
 
@@ -175,7 +222,8 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
     if fmt == "PNG" and is_animated:
         mime = "image/apng"
     return DecodedImage(pixels=pixels, width=width, height=height, format=fmt, mime=mime,
-                        n_frames=n_frames, is_animated=is_animated, has_alpha=has_alpha)
+                        n_frames=n_frames, is_animated=is_animated, has_alpha=has_alpha,
+                        flags=flags)
 
 
 def _open_header(data: bytes, fmt: str) -> ImageFile.ImageFile:
@@ -254,58 +302,93 @@ def _tiff_bits(im: Image.Image, default: int = 16) -> int:
     return int(bits) if isinstance(bits, int) and 8 < bits <= 32 else default
 
 
-def _to_rgb(im: Image.Image) -> tuple[Image.Image, bool]:
+def _int_samples(im: Image.Image) -> tuple[np.ndarray, int]:
+    """Samples of a mode "I"/"I;16*" image and their declared depth in bits.
+
+    Pillow reads an unsigned 32-bit TIFF (SampleFormat tag 339 = 1, its default) into
+    signed mode "I"; those samples are reinterpreted as uint32 so 3e9 stays 3e9.
+    """
+    raw = np.asarray(im)
+    if im.mode != "I":
+        return raw, 16
+    bits = _tiff_bits(im)
+    tags = getattr(im, "tag_v2", None)
+    if bits == 32 and tags is not None and raw.dtype == np.int32:
+        fmt = tags.get(339, 1)
+        if (fmt[0] if isinstance(fmt, tuple) and fmt else fmt) == 1:
+            raw = raw.view(np.uint32)
+    return raw, bits
+
+
+def _to_rgb(im: Image.Image) -> tuple[Image.Image, bool, tuple[str, ...]]:
     """Convert a loaded image of any mode to an sRGB "RGB" image composited over white.
 
-    Returns ``(rgb, has_alpha)``. The colour part is first reduced to "L", "RGB" or "CMYK"
-    so the embedded ICC profile can be applied to the channels it describes; alpha comes
-    from an A band or from ``info["transparency"]`` (palette index, grey or RGB value).
+    Returns ``(rgb, has_alpha, flags)`` (per-mode rules and flags: module docstring). The
+    colour part is first reduced to "L", "RGB" or "CMYK" so the embedded ICC profile can
+    be applied to the channels it describes (LAB is already sRGB after littleCMS).
+    Raises ``RecordError`` (``unsupported_format``) for a float image with no finite
+    sample.
     """
+    color, alpha, flags = _color_and_alpha(im)
+    if im.mode == "LAB":
+        rgb = color
+    else:
+        rgb = icc_to_srgb(color, im.info.get("icc_profile")) or color.convert("RGB")
+    if alpha is None:
+        return rgb, False, flags
+    return Image.fromarray(composite_over_white(np.asarray(rgb), alpha)), True, flags
+
+
+def _color_and_alpha(im: Image.Image) -> tuple[Image.Image, np.ndarray | None, tuple[str, ...]]:
+    """Split ``im`` into a colour part ("L", "RGB" or "CMYK"), an (H, W) uint8 alpha or
+    None (from an A band or ``info["transparency"]``), and the ``decode_flags``."""
     mode = im.mode
     trns = im.info.get("transparency")
-    alpha: np.ndarray | None = None
     if mode == "I" or mode.startswith("I;16"):
-        raw = np.asarray(im)
-        color = Image.fromarray(scale_to_uint8(raw, 16 if mode != "I" else _tiff_bits(im)))
-        if isinstance(trns, int):
-            alpha = np.where(raw == trns, 0, 255).astype(np.uint8)
-    elif mode in ("1", "L"):
+        raw, bits = _int_samples(im)
+        scaled, flags = int_to_uint8(raw, bits)
+        alpha = np.where(raw == trns, 0, 255).astype(np.uint8) if isinstance(trns, int) else None
+        return Image.fromarray(scaled), alpha, flags
+    if mode == "F":
+        try:
+            scaled, flags = float_to_uint8(np.asarray(im))
+        except ValueError as exc:
+            raise RecordError(ErrorReason.UNSUPPORTED_FORMAT.value,
+                              f"mode F (float) image: {exc}") from exc
+        return Image.fromarray(scaled), None, flags
+    if mode in ("1", "L"):
         color = im.convert("L")
         if isinstance(trns, int):
             key = (255 if trns else 0) if mode == "1" else trns
-            alpha = np.where(np.asarray(color) == key, 0, 255).astype(np.uint8)
-    elif mode == "F":
-        color = im.convert("L")  # Pillow clamps float samples to 0..255
-    elif mode in ("LA", "La"):
+            return color, np.where(np.asarray(color) == key, 0, 255).astype(np.uint8), ()
+        return color, None, ()
+    if mode in ("LA", "La"):
         la = im.convert("LA")
-        color, alpha = la.getchannel("L"), np.asarray(la.getchannel("A"))
-    elif mode == "CMYK":
-        color = im  # Pillow already undid Adobe's inverted CMYK in the JPEG decoder
-    elif mode == "RGB":
-        color = im
+        return la.getchannel("L"), np.asarray(la.getchannel("A")), ()
+    if mode == "RGB":
         if isinstance(trns, tuple) and len(trns) >= 3:
             diff = np.asarray(im) != np.asarray(trns[:3], dtype=np.uint8)
-            alpha = np.where(diff.any(axis=2), 255, 0).astype(np.uint8)
-    elif mode in ("P", "PA", "RGBA", "RGBa"):
+            return im, np.where(diff.any(axis=2), 255, 0).astype(np.uint8), ()
+        return im, None, ()
+    if mode in ("P", "PA", "RGBA", "RGBa"):
         palette_alpha = mode == "P" and im.palette is not None and im.palette.mode == "RGBA"
         if mode == "P" and trns is None and not palette_alpha:
-            color = im.convert("RGB")
-        else:
-            rgba = im.convert("RGBA")
-            color, alpha = rgba.convert("RGB"), np.asarray(rgba.getchannel("A"))
-    elif mode == "LAB":
-        from PIL import ImageCms
+            return im.convert("RGB"), None, ()
+        rgba = im.convert("RGBA")
+        return rgba.convert("RGB"), np.asarray(rgba.getchannel("A")), ()
+    if mode == "CMYK":  # Pillow already undid Adobe's inverted CMYK in the JPEG decoder
+        return im, None, ()
+    if mode == "LAB":
+        return _lab_to_srgb(im), None, ()
+    return im.convert("RGB"), None, ()  # RGBX (X dropped), YCbCr (BT.601), HSV
 
-        lab = ImageCms.createProfile("LAB")
-        color = ImageCms.profileToProfile(im, lab, ImageCms.createProfile("sRGB"),
-                                          outputMode="RGB")
-    else:  # RGBX, YCbCr, HSV, ...
-        color = im.convert("RGB")
 
-    rgb = icc_to_srgb(color, im.info.get("icc_profile")) or color.convert("RGB")
-    if alpha is None:
-        return rgb, False
-    return Image.fromarray(composite_over_white(np.asarray(rgb), alpha)), True
+def _lab_to_srgb(im: Image.Image) -> Image.Image:
+    """Pillow "LAB" (CIE L*a*b*, D50) to sRGB "RGB" with littleCMS, perceptual intent."""
+    from PIL import ImageCms
+
+    return ImageCms.profileToProfile(im, ImageCms.createProfile("LAB"),
+                                     ImageCms.createProfile("sRGB"), outputMode="RGB")
 
 
 def _png_header_dims(data: bytes) -> tuple[int, int] | None:

@@ -13,8 +13,8 @@ import imagehash
 import numpy as np
 from PIL import Image
 
-from pipeline.columns import (FORMAT, HAS_ALPHA, HEIGHT, IMAGE, IMAGE_HEIGHT, IMAGE_WIDTH,
-                              IS_ANIMATED, MIME, N_FRAMES, PHASH, PIXELS, SHA256,
+from pipeline.columns import (DECODE_FLAGS, FORMAT, HAS_ALPHA, HEIGHT, IMAGE, IMAGE_HEIGHT,
+                              IMAGE_WIDTH, IS_ANIMATED, MIME, N_FRAMES, PHASH, PIXELS, SHA256,
                               SOURCE_BYTES, STATUS, WIDTH, Batch)
 from pipeline.records import RejectReason
 from pipeline.spec import DecodeSpec, FilterSpec, ResizeSpec
@@ -23,9 +23,15 @@ from pipeline.steps.decode import decode_image
 
 
 class DecodeStep(RowStep):
-    """``_source_bytes`` -> ``_pixels`` and image metadata (see ``decode_image``)."""
+    """``_source_bytes`` -> ``_pixels`` and image metadata (see ``decode_image``).
 
-    writes = (PIXELS, WIDTH, HEIGHT, MIME, FORMAT, N_FRAMES, IS_ANIMATED, HAS_ALPHA)
+    ``decode_flags`` is a list of str on every decoded row (``[]`` for ordinary images;
+    ``float_scaled``, ``minmax_scaled``, ``nonfinite_samples``: see ``steps/decode.py``)
+    and None on error rows, like the other columns this step writes.
+    """
+
+    writes = (PIXELS, WIDTH, HEIGHT, MIME, FORMAT, N_FRAMES, IS_ANIMATED, HAS_ALPHA,
+              DECODE_FLAGS)
 
     def __init__(self, spec: DecodeSpec, draft_min_side_px: int | None = None):
         self.spec = spec
@@ -40,7 +46,7 @@ class DecodeStep(RowStep):
                            draft_min_side_px=self.draft_min_side_px)
         return {PIXELS: img.pixels, WIDTH: img.width, HEIGHT: img.height, MIME: img.mime,
                 FORMAT: img.format, N_FRAMES: img.n_frames, IS_ANIMATED: img.is_animated,
-                HAS_ALPHA: img.has_alpha}
+                HAS_ALPHA: img.has_alpha, DECODE_FLAGS: list(img.flags)}
 
 
 class FilterStep(Filter):

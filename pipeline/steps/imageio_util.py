@@ -1,4 +1,5 @@
-"""Pure helpers for image decoding: magic-byte sniffing, bit-depth scaling, ICC to sRGB.
+"""Pure helpers for image decoding: magic-byte sniffing, bit-depth and float scaling,
+ICC to sRGB, alpha compositing.
 
 Nothing here does I/O or touches Ray; every function takes bytes, Pillow images or numpy
 arrays and returns new values. ``pipeline.steps.decode`` builds on these.
@@ -148,6 +149,78 @@ def scale_to_uint8(raw: np.ndarray, bits: int = 16) -> np.ndarray:
     top = (1 << bits) - 1
     values = np.clip(raw.astype(np.int64, copy=False), 0, top)
     return (values >> (bits - 8)).astype(np.uint8)
+
+
+#: ``decode_flags`` values set when samples were not plain 8-bit (see ``pipeline.steps.decode``).
+FLAG_FLOAT_SCALED = "float_scaled"       # mode "F" float samples mapped to 8 bits
+FLAG_MINMAX_SCALED = "minmax_scaled"     # scaled by the image's own min..max, not a depth
+FLAG_NONFINITE = "nonfinite_samples"     # NaN / +-inf samples replaced (see float_to_uint8)
+
+
+def _round_half_up(values: np.ndarray) -> np.ndarray:
+    """float64 array in [0, 255] -> uint8, rounding halves up (127.5 -> 128)."""
+    return np.clip(np.floor(values + 0.5), 0, 255).astype(np.uint8)
+
+
+def int_to_uint8(raw: np.ndarray, bits: int) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Integer samples of declared depth ``bits`` (e.g. mode "I", "I;16*") to uint8.
+
+    If ``bits <= 16`` and every value lies in ``0 .. 2**bits - 1`` the declared depth is
+    used: ``v >> (bits - 8)`` (:func:`scale_to_uint8`; 16-bit 4660 -> 18), no flag. Else
+    (32-bit samples, whose values say nothing about a display range, or negative signed
+    samples) the image's own range is stretched linearly: ``out = round_half_up((v - min)
+    * 255 / (max - min))``, flag ``minmax_scaled``; a constant image gives all 0 (its min).
+    Returns ``(uint8 array of raw's shape, flags)``.
+    """
+    if raw.size == 0:
+        return np.zeros(raw.shape, np.uint8), ()
+    values = raw.astype(np.int64, copy=False)
+    lo, hi = int(values.min()), int(values.max())
+    if bits <= 16 and lo >= 0 and hi <= (1 << bits) - 1:
+        return scale_to_uint8(values, bits), ()
+    return _minmax(values.astype(np.float64), lo, hi), (FLAG_MINMAX_SCALED,)
+
+
+def _minmax(values: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """``round_half_up((v - lo) * 255 / (hi - lo))`` as uint8; all 0 when ``hi == lo``."""
+    if hi <= lo:
+        return np.zeros(values.shape, np.uint8)
+    return _round_half_up((values - lo) * 255.0 / (hi - lo))
+
+
+def float_to_uint8(raw: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Float samples (mode "F", e.g. a 32-bit float TIFF) to uint8, never black or clipped.
+
+    Rule, on the finite samples: if all lie in [0, 1] (the usual normalised range),
+    ``out = round_half_up(v * 255)`` (0.5 -> 128, 1.0 -> 255); otherwise the image's own
+    range is stretched, ``out = round_half_up((v - min) * 255 / (max - min))`` (0..1000:
+    500 -> 128) and ``minmax_scaled`` is added; a constant image outside [0, 1] gives all 0.
+    Non-finite samples are left out of min/max and then set to NaN -> 0, -inf -> 0,
+    +inf -> 255 (flag ``nonfinite_samples``). Flags always start with ``float_scaled``.
+    Raises ``ValueError`` if no sample is finite (the caller refuses the image).
+    Returns ``(uint8 array of raw's shape, flags)``.
+    """
+    if raw.size == 0:
+        return np.zeros(raw.shape, np.uint8), (FLAG_FLOAT_SCALED,)
+    values = raw.astype(np.float64, copy=False)
+    finite = np.isfinite(values)
+    all_finite = bool(finite.all())
+    if not all_finite and not finite.any():
+        raise ValueError("no finite sample (all NaN or infinite)")
+    usable = values if all_finite else values[finite]
+    lo, hi = float(usable.min()), float(usable.max())
+    clean = values if all_finite else np.where(finite, values, lo)
+    flags = [FLAG_FLOAT_SCALED]
+    if lo >= 0.0 and hi <= 1.0:
+        out = _round_half_up(clean * 255.0)
+    else:
+        out = _minmax(clean, lo, hi)
+        flags.append(FLAG_MINMAX_SCALED)
+    if not all_finite:
+        out[np.isnan(values) | (values == -np.inf)] = 0
+        out[values == np.inf] = 255
+        flags.append(FLAG_NONFINITE)
+    return out, tuple(flags)
 
 
 _ICC_COLOR_SPACE_TO_MODE = {"RGB": "RGB", "GRAY": "L", "CMYK": "CMYK"}

@@ -36,10 +36,18 @@ of ffprobe's legacy ``rotate`` tag and of the ``theta`` the ffmpeg CLI autorotat
 multiple of 90 are rounded to the nearest one; mirrored matrices (a flip) are not
 handled. The rotation of the first decoded frame is applied to every frame.
 
+Video stream: FFmpeg's best video stream (``av_find_best_stream``) among the streams
+that are not an attached picture. A stream with ``AV_DISPOSITION_ATTACHED_PIC``
+(libavformat/avformat.h; PyAV ``stream.disposition & Disposition.attached_pic``) is the
+cover art of an audio file (ID3 APIC in MP3, ``covr`` in M4A, METADATA_BLOCK_PICTURE in
+FLAC, a Matroska attachment): one still image, never a one-frame video. A file with
+real video plus cover art uses the real video.
+
 Errors (``pipeline.errors.RecordError`` with a ``records.ErrorReason`` value):
 ``empty_file`` (0 bytes), ``read_failed`` (the file cannot be stat'ed),
-``corrupt_container`` (FFmpeg cannot open it, or it has no video stream),
-``no_frames`` (not one frame decodes). A packet that fails to demux or decode is counted
+``corrupt_container`` (FFmpeg cannot open it), ``no_video_stream`` (no video stream but
+an attached picture: audio only, cover art only; the message lists the streams there
+are), ``no_frames`` (not one frame decodes). A packet that fails to demux or decode is counted
 in ``decode_errors`` and skipped; a result with errors and >= 1 frame has
 ``partial=True``. Decoding stops after ``MAX_PACKETS`` packets or ``DECODE_BUDGET_S``
 seconds (counted as one decode error, so the result is partial), so a broken file can
@@ -48,6 +56,7 @@ never loop forever.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import io
@@ -73,6 +82,8 @@ from pipeline.steps.image import phash64, resize_pixels
 MAX_PACKETS = 10_000_000   # ~46 h at 60 fps: beyond this a file is treated as looping
 DECODE_BUDGET_S = 600.0    # wall-clock seconds per decode pass
 SCENE_SIZE = (64, 36)      # (width, height) of the grey thumbnails compared in `scene`
+# AV_DISPOSITION_ATTACHED_PIC (libavformat/avformat.h), via PyAV's enum where it has one.
+_ATTACHED_PIC = int(getattr(getattr(av.stream, "Disposition", None), "attached_pic", 0x0400))
 
 # Container short name -> (format, mime). FFmpeg names the MP4 family demuxer
 # "mov,mp4,m4a,3gp,3g2,mj2" and Matroska "matroska,webm"; the brand / DocType decides.
@@ -198,14 +209,39 @@ def _open(path: str):
         raise RecordError(ErrorReason.CORRUPT_CONTAINER.value, f"{type(e).__name__}: {e}") from e
 
 
+def _is_attached_picture(stream) -> bool:
+    """True for a cover-art stream (disposition ``attached_pic``, FFmpeg's 0x0400)."""
+    return bool(int(getattr(stream, "disposition", 0) or 0) & _ATTACHED_PIC)
+
+
 def _video_stream(container, path: str):
-    if not container.streams.video:
+    """The video stream to decode (module docstring); closes ``container`` and raises
+    ``RecordError`` (``no_video_stream``) when there is none."""
+    videos = [s for s in container.streams.video if not _is_attached_picture(s)]
+    if not videos:
+        message = f"{_streams_summary(container)} in {path}"
         container.close()
-        raise RecordError(ErrorReason.CORRUPT_CONTAINER.value, f"no video stream in {path}")
+        raise RecordError(ErrorReason.NO_VIDEO_STREAM.value, message)
     try:
-        return container.streams.best("video") or container.streams.video[0]
+        best = container.streams.best("video")
     except (av.error.FFmpegError, ValueError):
-        return container.streams.video[0]
+        best = None
+    indexes = {s.index for s in videos}
+    return best if best is not None and best.index in indexes else videos[0]
+
+
+def _streams_summary(container) -> str:
+    """What a container without a real video stream holds, e.g. "only an attached
+    picture (cover art) and 1 audio stream", "only 1 audio stream"."""
+    pictures = sum(1 for s in container.streams.video if _is_attached_picture(s))
+    counts = collections.Counter(s.type for s in container.streams
+                                 if not (s.type == "video" and _is_attached_picture(s)))
+    others = " and ".join(f"{n} {kind} stream{'s' if n > 1 else ''}"
+                          for kind, n in sorted(counts.items()))
+    if pictures:
+        what = "an attached picture" if pictures == 1 else f"{pictures} attached pictures"
+        return f"only {what} (cover art)" + (f" and {others}" if others else "")
+    return f"only {others}" if others else "no streams at all"
 
 
 def _frame_duration_s(frame) -> float:
@@ -277,7 +313,8 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
     """Decode the local video file ``path`` and sample frames per ``spec`` (see module doc).
 
     Raises ``RecordError`` with reason ``empty_file``, ``read_failed``,
-    ``corrupt_container`` or ``no_frames``. ``max_packets`` and ``budget_s`` (seconds)
+    ``corrupt_container``, ``no_video_stream`` (audio only, or only an attached picture)
+    or ``no_frames``. ``max_packets`` and ``budget_s`` (seconds)
     bound each pass over the file.
     """
     try:

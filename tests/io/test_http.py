@@ -360,3 +360,147 @@ def test_a_partition_read_closes_its_downloads_and_counts_them(srv, tmp_path):
     assert not [t for t in threading.enumerate() if t.name.startswith("mmpipe-download")]
     assert stats.downloads["fetches"] == 3 and stats.downloads["ok"] == 2
     assert stats.downloads["failed:http_404"] == 1
+
+
+# --- URL schemes (RFC 3986 §3.1) and Content-Encoding (RFC 9110 §8.4) -------------------
+
+@pytest.mark.parametrize("scheme", ["HTTP", "Http", "hTtP"])
+def test_scheme_is_case_insensitive(srv, scheme):
+    f = fetcher()
+    url = srv.url("ok", NAME).replace("http", scheme, 1)
+    body, err = f.fetch(url)
+    assert err is None and body == DATA
+    assert srv.counts[f"/ok/{NAME}"] == 1
+
+
+def test_lower_scheme_and_content_codings_unit():
+    from pipeline.io.http import content_codings, lower_scheme
+
+    assert lower_scheme("HTTPS://Host/A.JPG?Q=1") == "https://Host/A.JPG?Q=1"
+    assert lower_scheme("S3://Bucket/Key") == "s3://Bucket/Key"
+    assert lower_scheme("http://h/x") == "http://h/x"
+    for unchanged in ("C:\\Photos\\A.jpg", "Photos/A.jpg", "DATA:,x", "/abs/A.jpg", ""):
+        assert lower_scheme(unchanged) == unchanged
+    assert content_codings("gzip") == ["gzip"]
+    assert content_codings("GZip, br") == ["gzip", "br"]
+    assert content_codings("identity, , x-gzip") == ["x-gzip"]
+    assert content_codings(None) == content_codings("") == []
+
+
+ENCODINGS = ["gzip", "x-gzip", "deflate", "rawdeflate", "br", "GZIP", "gzip,br",
+             "deflate,gzip", "identity"]
+
+
+@pytest.mark.parametrize("coding", ENCODINGS)
+def test_content_encoding_decoded(srv, coding):
+    f = fetcher()
+    body, err = f.fetch(srv.url(f"encoded/{coding}", NAME))
+    assert err is None and body == DATA
+    assert f.stats["ok"] == 1 and f.stats["bytes"] == len(DATA)
+    # Without Content-Length (chunked) too.
+    body, err = f.fetch(srv.url(f"encodedchunked/{coding}", NAME))
+    assert err is None and body == DATA
+
+
+def test_content_encoding_of_a_compressible_body(tmp_path):
+    """A body that compresses well (a BMP-like raw image): the decoded size is far above
+    Content-Length, and max_bytes is compared with the decoded size."""
+    raw = bytes(range(256)) * 4096  # 1 MiB
+    (tmp_path / "raw.bin").write_bytes(raw)
+    with FaultHTTPServer(str(tmp_path)) as s:
+        for coding in ("gzip", "deflate", "br"):
+            assert fetcher().fetch(s.url(f"encoded/{coding}", "raw.bin")) == (raw, None)
+            assert fetcher(max_bytes=len(raw)).fetch(
+                s.url(f"encoded/{coding}", "raw.bin")) == (raw, None)
+            body, err = fetcher(max_bytes=len(raw) - 1).fetch(
+                s.url(f"encoded/{coding}", "raw.bin"))
+            assert body is None and str(err) == (f"too_large: more than {len(raw) - 1} "
+                                                 f"decoded bytes > max_bytes {len(raw) - 1}")
+
+
+def test_content_encoding_max_bytes_counts_decoded_bytes(srv):
+    # gzip of a JPEG is about as large as the JPEG: max_bytes = the image size is enough.
+    assert fetcher(max_bytes=len(DATA)).fetch(srv.url("encoded/gzip", NAME)) == (DATA, None)
+    body, err = fetcher(max_bytes=len(DATA) - 1).fetch(srv.url("encoded/gzip", NAME))
+    assert body is None and str(err).startswith("too_large: ")
+    # An encoded body far over max_bytes is refused by its Content-Length, unread.
+    f = fetcher(max_bytes=1000)
+    body, err = f.fetch(srv.url("encoded/gzip", NAME))
+    assert body is None and str(err).startswith("too_large: ")
+    assert str(err).endswith(" bytes (gzip-encoded) > max_bytes 1000")
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "gzip,br"])
+def test_compression_bomb_stopped_at_max_bytes(srv, coding):
+    """64 MiB of zeros (a few KiB encoded) with max_bytes 1 MiB: too_large after about
+    1 MiB is decoded; the 64 MiB are never in memory."""
+    import tracemalloc
+
+    from tests.http_server import bomb
+    bomb(coding, 64)  # made (and cached) before measuring
+    f = fetcher(max_bytes=1 << 20)
+    tracemalloc.start()
+    try:
+        body, err = f.fetch(srv.url(f"bomb/{urllib.parse.quote(coding)}/64", NAME))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert body is None
+    assert str(err) == f"too_large: more than {1 << 20} decoded bytes > max_bytes {1 << 20}"
+    assert peak < 8 << 20, peak
+    assert f.stats["failed:too_large"] == 1
+
+
+def test_decode_content_pieces_are_bounded():
+    import gzip
+
+    from pipeline.io.http import decode_content
+    blob = gzip.compress(bytes(16 << 20))
+    pieces = decode_content([blob], ["gzip"], 4096)
+    taken = [next(pieces) for _ in range(10)]
+    assert all(len(p) <= 4096 for p in taken)  # lazily: only what is asked for is decoded
+
+
+def test_cut_compressed_stream_is_truncated(srv):
+    for coding in ("gzip", "deflate", "br"):
+        url = srv.url(f"encodedcut/{coding}", NAME)
+        body, err = fetcher().fetch(url)
+        assert body is None
+        assert str(err).startswith(f"failed_to_download: {url}: truncated body: the "
+                                   f"{coding} stream ends before its end (got ")
+
+
+def test_encoded_body_shorter_than_content_length(srv):
+    from tests.http_server import encode
+    encoded = encode(DATA, "gzip")[0]
+    url = srv.url("encodedtruncated/gzip", NAME)
+    f = fetcher()
+    body, err = f.fetch(url)
+    assert body is None
+    assert str(err) == (f"failed_to_download: {url}: truncated body: got "
+                        f"{len(encoded) // 2} of {len(encoded)} bytes")
+    assert f.stats["failed:truncated"] == 1
+    assert f.fetch(srv.url("ok", NAME))[0] == DATA
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br"])
+def test_bad_compressed_data(srv, coding):
+    # The coding named, but the body is the JPEG itself.
+    url = srv.url(f"encoded/fake-{coding}", NAME)
+    f = fetcher()
+    body, err = f.fetch(url)
+    assert body is None
+    assert str(err).startswith(f"failed_to_download: {url}: bad content encoding: bad "
+                               f"{coding} data: ")
+    assert f.stats["failed:decoding"] == 1
+
+
+@pytest.mark.parametrize("coding", ["compress", "zstd", "x-custom"])
+def test_unknown_content_encoding(srv, coding):
+    url = srv.url(f"encoded/{coding}", NAME)
+    f = fetcher()
+    body, err = f.fetch(url)
+    assert body is None
+    assert str(err).startswith(f"failed_to_download: {url}: unsupported Content-Encoding "
+                               f"{coding!r} (decoded: ")
+    assert f.stats["failed:content_encoding"] == 1

@@ -129,13 +129,12 @@ def test_plan_is_written_once_and_reused_with_listing_change_warning(mixed_input
         planning.load_or_create(out, other, src.list_inputs)
 
 
-def test_corrupt_manifests_are_planned_alone_and_fail_their_partition_naming_the_file(tmp_path):
+def test_corrupt_manifests_are_planned_as_one_error_row_naming_the_file(tmp_path):
     """T11 (a Parquet file cut at 60%: no footer) and T12 (a plain-text URL list named
-    .parquet) do not stop planning: each is a partition of its own whose read raises
-    PartitionError naming the file; the good manifest beside them plans and reads."""
+    .parquet) do not stop planning and do not vanish: each is one planned record, read as
+    one error row naming the file; the good manifest beside them plans and reads."""
     import shutil
 
-    from pipeline.errors import PartitionError
     from tests.conftest import CASES
 
     shutil.copy(CASES / "T11_shard/laion_sample_1000_truncated.parquet", tmp_path / "a_t11.parquet")
@@ -144,15 +143,18 @@ def test_corrupt_manifests_are_planned_alone_and_fail_their_partition_naming_the
     spec = SourceSpec(kind="manifest", uri=str(tmp_path), key_column="key", partition_size=3)
     src = make_datasource(spec, DecodeSpec())
     parts = list(planning.pack(src.list_inputs(), spec.partition_size))
-    assert [(p.inputs[0].uri.rsplit("/", 1)[1], p.rows_planned) for p in parts] == [
-        ("a_t11.parquet", 0), ("b_good.parquet", 3), ("b_good.parquet", 2), ("c_t12.parquet", 0)]
-    for part, name in ((parts[0], "a_t11.parquet"), (parts[3], "c_t12.parquet")):
-        with pytest.raises(PartitionError, match=name):
-            src.extra_fields(part)
-        with pytest.raises(PartitionError, match=f"{name}: cannot read as parquet"):
-            list(src.read_partition(part, 10, POOL))
-    batch = next(src.read_partition(parts[2], 10, POOL))
-    assert batch["key"] == [r["key"] for r in _manifest_rows(5)[3:]] and not any(read_errors(batch))
+    assert [[(i.uri.rsplit("/", 1)[1], i.row_start, i.row_stop) for i in p.inputs]
+            for p in parts] == [[("a_t11.parquet", 0, 1)], [("b_good.parquet", 0, 3)],
+                                [("b_good.parquet", 3, 5), ("c_t12.parquet", 0, 1)]]
+    assert [p.rows_planned for p in parts] == [1, 3, 3]
+    first = next(src.read_partition(parts[0], 10, POOL))
+    assert first["key"] == ["a_t11#manifest"] and first["_source_bytes"] == [None]
+    assert read_errors(first)[0].startswith("read_failed: manifest ")
+    assert "a_t11.parquet: cannot read as parquet" in read_errors(first)[0]
+    last = list(src.read_partition(parts[2], 10, POOL))
+    assert [b["key"] for b in last] == [[r["key"] for r in _manifest_rows(5)[3:]],
+                                        ["c_t12#manifest"]]
+    assert not any(read_errors(last[0])) and "c_t12.parquet" in read_errors(last[1])[0]
 
 
 def test_manifest_enforces_max_bytes_after_reading(tmp_path):
@@ -180,10 +182,11 @@ def test_manifest_row_ranges_read_only_what_they_need(tmp_path, fmt):
         pacsv.write_csv(table, path)
     else:
         path.write_text("\n".join(json.dumps(r) for r in rows))
-    assert manifest.count_rows(str(path), "auto") == 50
+    assert manifest.profile(str(path), "auto", ("key",)).rows == 50
     for start, stop in ((0, 7), (5, 16), (13, 14), (44, 50)):
-        got = manifest.read_rows(str(path), "auto", start, stop, ("key",))
-        assert got.column("key").to_pylist() == [r["key"] for r in rows[start:stop]]
+        got = [k for b in manifest.read_rows(str(path), "auto", start, stop, ("key",), {}, 4)
+               for k in b.values["key"]]
+        assert got == [r["key"] for r in rows[start:stop]]
     if fmt == "parquet":  # the footer says which row groups a range needs
         assert pq.ParquetFile(path).metadata.num_row_groups == 8
 

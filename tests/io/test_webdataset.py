@@ -3,19 +3,22 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import os
 import shutil
 import tarfile
+import zlib
+from pathlib import Path
 
 import pytest
 
 from pipeline.io import fs
 from pipeline.records import ErrorReason, RowError
-from pipeline.io.webdataset import (ShardSample, WebDatasetWriter, read_shard,
-                                    split_member_name)
+from pipeline.io.webdataset import (ShardSample, WebDatasetWriter, is_shard_name, read_shard,
+                                    shard_error_key, split_member_name)
 from pipeline.spec import WebDatasetSinkSpec
 from tests.conftest import CASES, PHOTOS, coco_captions
 
@@ -293,3 +296,177 @@ def test_s3_write_then_read_shards(s3_server, s3_env, tmp_path):
 
     writer.abort()
     assert list(fs.list_files(fs.join(root, "wds/p-000000/a-s3att"))) == []
+
+
+# ---- gzip-compressed shards (N09) -----------------------------------------------------
+
+def _case(name: str) -> Path:
+    """A case folder under data/cases."""
+    return CASES / name
+
+
+def _gz(data: bytes) -> bytes:
+    return gzip.compress(data, mtime=0)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _without_uri(rows: list[ShardSample], *uris: str) -> list[tuple]:
+    """Rows comparable across shard files: the shard's name blanked in messages."""
+    def text(error):
+        if error is None:
+            return None
+        out = str(error)
+        for u in uris:
+            out = out.replace(u, "<shard>")
+        return out
+    return [("<shard>#shard" if r.key.endswith("#shard") else r.key, r.members, text(r.error))
+            for r in rows]
+
+
+def test_is_shard_name_and_error_key():
+    assert [is_shard_name(n) for n in ("a.tar", "s3://b/x/a.TAR.GZ", "a.tgz", "A.TGZ",
+                                       "a.tar.bz2", "a.gz", "tar", "a.txt")] == \
+        [True, True, True, True, False, False, False, False]
+    assert shard_error_key("s3://b/x/Shard-1.TAR.GZ") == "Shard-1#shard"
+    assert shard_error_key("/d/shard-2.tgz") == "shard-2#shard"
+
+
+def test_n09_gzip_shards_read_like_their_tars():
+    shards = sorted((_case("N09_wds_gzip_shards") / "shards").iterdir())
+    assert [p.name for p in shards] == ["shard-000000.tar", "shard-000001.tar.gz",
+                                        "shard-000002.tgz"]
+    rows = [r for p in shards for r in read_shard(str(p))]
+    assert [(r.key, r.error) for r in rows] == [(f"{i:06d}", None) for i in range(5)]
+    assert [r.shard_uri for r in rows] == [str(shards[i]) for i in (0, 0, 1, 1, 2)]
+    # the members, by sha256, are exactly those of the (decompressed) tars
+    expected = {}
+    for p in shards:
+        raw = p.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
+            for m in tf.getmembers():
+                key, ext = split_member_name(m.name)
+                expected.setdefault(key, {})[ext] = _sha(tf.extractfile(m).read())
+    got = {r.key: {ext: _sha(data) for ext, data in r.members.items()} for r in rows}
+    assert got == expected
+    assert all(list(r.members) == ["jpg", "txt"] for r in rows)
+    assert all(r.members["jpg"][:3] == b"\xff\xd8\xff" for r in rows)   # real JPEGs
+
+
+def test_gzip_shard_cut_in_half_keeps_complete_samples(tmp_path):
+    samples = _three_photo_samples()
+    full = tmp_path / "full.tar"
+    infos = _make_tar(full, samples)
+    gz = _gz(full.read_bytes())
+    shard = tmp_path / "half-000001.tar.gz"
+    shard.write_bytes(gz[:len(gz) // 2])
+    # where the decompressed tar stops, and the member it stops in
+    available = len(zlib.decompressobj(31).decompress(gz[:len(gz) // 2]))
+    cut_member = next(i for i in infos if i.offset_data <= available < i.offset_data + i.size)
+    cut_key = split_member_name(cut_member.name)[0]
+    complete = [(k, m) for k, m in samples if k != cut_key
+                and all(i.offset_data + i.size <= available for i in infos
+                        if i.name.startswith(k + "."))]
+    assert complete                              # the test cuts after a whole sample
+
+    rows = list(read_shard(str(shard)))
+    assert [(r.key, r.members, r.error) for r in rows[:-1]] == \
+        [(k, m, None) for k, m in complete]
+    assert rows[-1].key == "half-000001#shard" and rows[-1].members == {}
+    assert rows[-1].error.reason == ErrorReason.TRUNCATED_SHARD
+    assert str(rows[-1].error) == (
+        f"truncated_shard: {shard}: gzip stream cut at byte {len(gz) // 2} of "
+        f"{len(gz) // 2} (Compressed file ended before the end-of-stream marker was "
+        f"reached); tar ends at byte {available} inside member '{cut_member.name}'; "
+        f"{len(complete)} complete samples kept; incomplete sample '{cut_key}' dropped")
+
+
+def test_gzip_of_truncated_tars_gives_the_same_rows(tmp_path):
+    """A complete gzip stream of a cut tar: the same rows as the cut tar itself."""
+    samples = _three_photo_samples()
+    full = tmp_path / "full.tar"
+    infos = _make_tar(full, samples)
+    data = full.read_bytes()
+    third = next(i for i in infos if i.name == f"{samples[2][0]}.jpg")
+    second_txt = next(i for i in infos if i.name == f"{samples[1][0]}.txt")
+    bad_header = bytearray(data)
+    bad_header[third.offset + 148:third.offset + 156] = b"0000000\0"   # wrong checksum
+    for cut in (data[:third.offset_data + 1000], data[:third.offset + 300],
+                data[:second_txt.offset + 10], data[:second_txt.offset], bytes(bad_header),
+                data):
+        plain, packed = tmp_path / "s.tar", tmp_path / "s.tgz"
+        plain.write_bytes(cut)
+        packed.write_bytes(_gz(cut))
+        want = _without_uri(list(read_shard(str(plain))), str(plain))
+        assert _without_uri(list(read_shard(str(packed))), str(packed)) == want
+    assert [k for k, _, e in want] == [k for k, _ in samples] and want[0][2] is None
+
+
+def test_gzip_shard_with_duplicate_and_noncontiguous_keys(tmp_path):
+    jpg = (PHOTOS / "000000062554.jpg").read_bytes()
+    plain = tmp_path / "dup.tar"
+    _make_tar(plain, [("a", {"jpg": jpg}), ("b", {"jpg": jpg, "txt": b"first"}),
+                      ("b", {"txt": b"second"}), ("c", {"jpg": jpg}), ("d", {"txt": b"d"}),
+                      ("c", {"txt": b"late"}), ("e", {"jpg": jpg, "txt": b"e"})])
+    shard = tmp_path / "dup.tgz"
+    shard.write_bytes(_gz(plain.read_bytes()))
+    rows = list(read_shard(str(shard)))
+    assert [(r.key, _text(r.error)) for r in rows] == [
+        ("a", None),
+        ("b", f"bad_sample: key 'b' in shard {shard}: duplicate extension 'txt'"),
+        ("c", f"bad_sample: key 'c' in shard {shard}: members not contiguous (positions 4, 6)"),
+        ("d", None),
+        ("e", None)]
+    assert [r.members for r in rows] == [{"jpg": jpg}, {}, {}, {"txt": b"d"},
+                                         {"jpg": jpg, "txt": b"e"}]
+    assert all(r.error.reason == ErrorReason.BAD_SAMPLE for r in rows if r.error)
+    assert _without_uri(rows, str(shard)) == _without_uri(list(read_shard(str(plain))),
+                                                          str(plain))
+    # the real T07 case, gzip-compressed: the same two bad_sample rows as the tar
+    t07 = tmp_path / "wds_noncontiguous_keys.tar.gz"
+    t07.write_bytes(_gz(T07.read_bytes()))
+    assert _without_uri(list(read_shard(str(t07))), str(t07)) == \
+        _without_uri(list(read_shard(str(T07))), str(T07))
+
+
+def test_gzip_garbage_and_corruption_are_one_error_row(tmp_path):
+    garbage = tmp_path / "garbage.tar.gz"
+    garbage.write_bytes(bytes(range(256)) * 20)
+    rows = list(read_shard(str(garbage)))
+    assert [(r.key, r.members, r.error.reason) for r in rows] == \
+        [("garbage#shard", {}, ErrorReason.READ_FAILED)]
+    assert str(rows[0].error).startswith(
+        f"read_failed: {garbage}: not gzip-compressed (no 1f 8b magic bytes)")
+
+    gz = _gz(T09.read_bytes())
+    header = tmp_path / "header.tgz"               # magic fine, compression method not
+    header.write_bytes(gz[:2] + b"\x07" + gz[3:])
+    rows = list(read_shard(str(header)))
+    assert len(rows) == 1 and rows[0].key == "header#shard"
+    assert str(rows[0].error).startswith(
+        f"read_failed: {header}: not a readable gzip-compressed tar archive (gzip data "
+        "corrupt near byte")
+    assert "Unknown compression method" in str(rows[0].error)
+
+    crc = tmp_path / "crc.tar.gz"                  # data intact, CRC in the trailer wrong
+    crc.write_bytes(gz[:-8] + bytes([gz[-8] ^ 0xFF]) + gz[-7:])
+    rows = list(read_shard(str(crc)))
+    assert len(rows) == 1 and rows[0].key == "crc#shard"
+    assert "CRC check failed" in str(rows[0].error) and rows[0].members == {}
+    assert rows[0].error.reason == ErrorReason.READ_FAILED
+
+    tiny = tmp_path / "tiny.tar.gz"                # cut inside the first tar header
+    tiny.write_bytes(gz[:12])
+    assert [r.key for r in read_shard(str(tiny))] == ["tiny#shard"]
+
+    # gzip magic decides, not the name: an uncompressed tar named .tar.gz, a gzip .tar
+    misnamed = tmp_path / "plain.tar.gz"
+    shutil.copy(T09, misnamed)
+    packed = tmp_path / "packed.tar"
+    packed.write_bytes(gz)
+    assert [r.members for r in read_shard(str(misnamed))] == \
+        [r.members for r in read_shard(str(packed))] == [r.members for r in read_shard(str(T09))]

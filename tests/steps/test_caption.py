@@ -48,3 +48,71 @@ def test_t05_long_captions_are_kept_in_full_and_flagged():
         assert c == t.strip() and "long_caption" in f
     assert sum("long_caption" in f for _, f in out) == len(long)
     assert normalize_caption("x\ufffdy", SPEC) == ("x\ufffdy", ["replacement_char"])
+
+
+def _case(rel: str):
+    """A case file under data/cases."""
+    return CASES / rel
+
+
+def test_no_caption_ever_holds_nul_or_control_characters():
+    assert normalize_caption("a\x00b\x07c", SPEC) == ("abc", ["control_chars_removed"])
+    assert normalize_caption("\x00\x00", SPEC) == (None, ["control_chars_removed",
+                                                           "missing_caption"])
+    assert normalize_caption(b"nul\x00byte", SPEC) == ("nulbyte", ["control_chars_removed"])
+    # JSON text escapes control characters itself: nothing to remove.
+    assert normalize_caption({"t": "x\x00"}, SPEC) == ('{"t": "x\\u0000"}',
+                                                        ["non_string_caption"])
+
+
+def test_n05_lone_surrogate_caption_is_replaced_and_flagged():
+    import json
+
+    import pyarrow as pa
+
+    raw = json.loads(_case("N05_json_lone_surrogate/files/a.json").read_text())["caption"]
+    text, flags = normalize_caption(raw, SPEC)
+    assert (text, flags) == ("sunset at the beach \ufffd", ["lone_surrogate"])
+    assert pa.array([text]).to_pylist() == [text]
+
+
+def test_n04_cp1252_manifest_cell_bytes_are_fixed():
+    import csv
+
+    with open(_case("N04_csv_cp1252/manifest/excel_export.csv"), newline="",
+              encoding="latin-1") as f:
+        cells = [r["caption"].encode("latin-1") for r in csv.DictReader(f)]
+    assert normalize_caption(cells[0], SPEC) == (
+        "\u201cCaf\u00e9 terrace\u201d at night \u2013 Arles", ["encoding_fixed"])
+    assert normalize_caption(cells[1], SPEC) == ("plain ascii caption", [])
+
+
+def test_unicode_bytes_bools_floats_and_lists_of_bytes():
+    assert normalize_caption("  two dogs \n".encode("utf-16"), SPEC) == ("two dogs", ["utf16"])
+    assert normalize_caption(True, SPEC) == ("true", ["non_string_caption"])
+    assert normalize_caption(1.5, SPEC) == ("1.5", ["non_string_caption"])
+    assert normalize_caption({"en": "x"}, SPEC) == ('{"en": "x"}', ["non_string_caption"])
+    assert normalize_caption([None, b" ", b"caf\xe9"], SPEC) == (
+        "caf\u00e9", ["from_list", "encoding_fixed"])
+    assert normalize_caption(bytearray(b"ok"), SPEC) == ("ok", [])
+    assert normalize_caption("   ", SPEC) == (None, ["missing_caption"])
+
+
+def test_any_json_value_gives_a_clean_caption_or_none():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary(),
+        lambda inner: st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=6)
+
+    @settings(max_examples=80, deadline=None)
+    @given(values)
+    def check(raw):
+        text, flags = normalize_caption(raw, SPEC)
+        assert text is None or (text == text.strip() and text
+                                and "\x00" not in text and text.encode("utf-8"))
+        assert (text is None) == ("missing_caption" in flags)
+
+    check()

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from pipeline.errors import RecordError
-from pipeline.columns import ERROR, STATUS
+from pipeline.columns import ERROR, ERROR_REASON, STATUS
 from pipeline.spec import ResizeSpec, VideoSpec
 from pipeline.steps.video import VideoDecodeStep, VideoFramesStep, decode_video
 
@@ -175,7 +175,7 @@ def test_not_a_video_is_corrupt_container(tmp_path):
     assert e.value.reason == "corrupt_container"
 
 
-def test_audio_only_is_corrupt_container(tmp_path):
+def test_audio_only_is_no_video_stream(tmp_path):
     p = tmp_path / "tone.wav"
     with av.open(str(p), "w") as c:
         s = c.add_stream("pcm_s16le", rate=8000, layout="mono")
@@ -188,7 +188,111 @@ def test_audio_only_is_corrupt_container(tmp_path):
             c.mux(pkt)
     with pytest.raises(RecordError) as e:
         decode_video(str(p), VideoSpec())
-    assert e.value.reason == "corrupt_container" and "no video stream" in e.value.message
+    assert e.value.reason == "no_video_stream"
+    assert e.value.message == f"only 1 audio stream in {p}"
+
+
+# --- cover art: an attached picture is not a video -------------------------------------------
+
+ATTACHED_PIC = av.stream.Disposition.attached_pic
+
+
+def cover_image(codec: str) -> bytes:
+    """A 16x16 red PNG or JPEG, the payload of one attached-picture packet."""
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 30, 30)).save(buf, "PNG" if codec == "png" else "JPEG")
+    return buf.getvalue()
+
+
+def write_media(path: Path, fmt: str, audio_codec: str, cover_codec: str | None,
+                video_frames: int = 0) -> Path:
+    """Mux with PyAV: 0.6 s of silence, optionally a 32x32 mpeg4 video of ``video_frames``
+    frames at 10 fps, and optionally cover art - one PNG/JPEG packet on a video stream
+    whose disposition is ``attached_pic`` (what FFmpeg's mp3, mp4 and flac muxers write
+    as ID3 APIC, ``covr`` and METADATA_BLOCK_PICTURE)."""
+    with av.open(str(path), "w", format=fmt) as c:
+        audio = c.add_stream(audio_codec, rate=8000, layout="mono")
+        video = None
+        if video_frames:
+            video = c.add_stream("mpeg4", rate=10)
+            video.width = video.height = 32
+            video.pix_fmt = "yuv420p"
+        if cover_codec:
+            pic = c.add_stream(cover_codec)
+            pic.width = pic.height = 16
+            pic.pix_fmt = "rgb24" if cover_codec == "png" else "yuvj420p"
+            pic.disposition = ATTACHED_PIC
+            pkt = av.Packet(cover_image(cover_codec))
+            pkt.stream, pkt.pts, pkt.dts, pkt.is_keyframe = pic, 0, 0, True
+            c.mux(pkt)
+        for i in range(4):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1152), np.int16), format="s16",
+                                               layout="mono")
+            frame.rate, frame.pts = 8000, i * 1152
+            c.mux(audio.encode(frame))
+        c.mux(audio.encode(None))
+        for i in range(video_frames):
+            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), 20 * i, np.uint8),
+                                               format="rgb24")
+            frame.pts = i
+            c.mux(video.encode(frame))
+        if video is not None:
+            c.mux(video.encode(None))
+    return path
+
+
+def stream_kinds(path: Path) -> list[tuple[str, str, bool]]:
+    """(type, codec, is attached picture) of every stream, as plain PyAV reports them."""
+    with av.open(str(path)) as c:
+        return [(s.type, s.codec_context.name, bool(s.disposition & ATTACHED_PIC))
+                for s in c.streams]
+
+
+COVER_FILES = [  # (file name, muxer, audio codec, cover codec)
+    ("song.mp3", "mp3", "libmp3lame", "mjpeg"),
+    ("song_png.mp3", "mp3", "libmp3lame", "png"),
+    ("song.m4a", "mp4", "aac", "mjpeg"),
+    ("song.flac", "flac", "flac", "png"),
+]
+
+
+@pytest.mark.parametrize("name, fmt, audio_codec, cover_codec", COVER_FILES,
+                         ids=[f[0] for f in COVER_FILES])
+def test_cover_art_only_is_no_video_stream(tmp_path, name, fmt, audio_codec, cover_codec):
+    if audio_codec not in av.codecs_available:
+        pytest.skip(f"this FFmpeg build has no {audio_codec} encoder")
+    path = write_media(tmp_path / name, fmt, audio_codec, cover_codec)
+    kinds = stream_kinds(path)
+    # FFmpeg itself offers the cover as a video stream (a naive decoder gets one frame).
+    assert [(t, pic) for t, _, pic in kinds] == [("audio", False), ("video", True)]
+    with av.open(str(path)) as c:
+        assert c.streams.best("video") is not None
+    with pytest.raises(RecordError) as e:
+        decode_video(str(path), VideoSpec())
+    assert e.value.reason == "no_video_stream"
+    assert e.value.message == f"only an attached picture (cover art) and 1 audio stream in {path}"
+
+
+def test_real_video_with_cover_art_decodes_the_real_video(tmp_path):
+    path = write_media(tmp_path / "clip.mp4", "mp4", "aac", "mjpeg", video_frames=10)
+    assert [(t, c, pic) for t, c, pic in stream_kinds(path)] == [
+        ("audio", "aac", False), ("video", "mpeg4", False), ("video", "mjpeg", True)]
+    info = decode_video(str(path), VideoSpec(sampling="keyframes"))
+    assert (info.codec, info.width, info.height, info.frame_count) == ("mpeg4", 32, 32, 10)
+    assert info.duration_s == pytest.approx(1.0)
+
+
+def test_decode_step_marks_cover_art_and_audio_rows_no_video_stream(tmp_path):
+    cover = write_media(tmp_path / "song.flac", "flac", "flac", "png")
+    audio = write_media(tmp_path / "tone.flac", "flac", "flac", None)
+    paths = [cover, audio, VIDEOS / "chaplin.mp4"]
+    batch = {STATUS: ["ok"] * 3, ERROR: [None] * 3, "_source_path": [str(p) for p in paths]}
+    batch = VideoDecodeStep(VideoSpec(sampling="keyframes"))(batch)
+    assert batch[STATUS] == ["error", "error", "ok"]
+    assert batch[ERROR_REASON] == ["no_video_stream", "no_video_stream", None]
+    assert "attached picture (cover art)" in batch[ERROR][0]
+    assert batch[ERROR][1] == f"no_video_stream: only 1 audio stream in {audio}"
+    assert batch["frame_count"][:2] == [None, None] and batch["_frames"][:2] == [None, None]
 
 
 def test_packet_budget_stops_decoding_as_partial():
