@@ -6,8 +6,9 @@ from a first block, per-cell decoding, one error row per bad row); before issue 
 quoted newlines, type changes and mixed encodings. This times, in one process, side by
 side on the same generated file:
 
-- ``mmpipe``: ``manifest.profile`` (the planning pass: rows and carried types) plus
-  ``manifest.read_rows`` over the whole file in ``partition_size`` ranges;
+- ``mmpipe``: ``manifest.profile`` (the planning pass: rows, carried types, an offset
+  every 10,000 rows) plus ``manifest.read_rows`` over the whole file in 10,000-row ranges,
+  each seeking to its offset (as the partitions of a job do);
 - ``pyarrow``: one ``pyarrow.csv.read_csv`` / ``pyarrow.json.read_json`` of the file
   (type inference from the data, no per-row decoding; a lower bound for any reader).
 
@@ -47,11 +48,12 @@ def _write(path: Path, rows: int) -> None:
 
 
 def _mmpipe(uri: str, step: int = 10_000) -> int:
-    found = manifest.profile(uri, "auto", USED)
+    found = manifest.profile(uri, "auto", USED, every=step)
+    offsets = {o.row: o for o in found.offsets}
     n = 0
     for start in range(0, found.rows, step):
         for rows in manifest.read_rows(uri, "auto", start, min(found.rows, start + step), USED,
-                                       found.columns, 1024):
+                                       found.columns, 1024, offsets.get(start)):
             n += rows.num_rows
     return n
 

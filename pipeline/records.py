@@ -81,7 +81,9 @@ class InputItem:
     ``size_bytes`` is the listed object size. ``key``: the record key decided at planning
     (files datasource, ``pipeline.keys``), else None. ``error``: why the input could not be
     read at planning (e.g. a corrupt manifest); such an item is planned as one record,
-    which is read as one error row naming it.
+    which is read as one error row naming it. ``byte_start``/``line_start``: where row
+    ``row_start`` of a CSV/JSONL manifest starts (byte offset, lines before it; -1: read
+    from the start), so a partition's read seeks there.
     """
 
     uri: str
@@ -91,6 +93,8 @@ class InputItem:
     row_stop: int = -1
     key: str | None = None
     error: str | None = None
+    byte_start: int = -1
+    line_start: int = -1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,7 +52,7 @@ import itertools
 import json
 import posixpath
 import re
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -80,11 +80,14 @@ class ManifestProfile:
     carried column name -> Arrow type decided from all rows (module docstring), in file
     order, the ``used`` columns excluded. ``names``: every column name of the file (CSV:
     the header; Parquet: the schema; JSONL: every key seen, in order of first sight).
+    ``offsets``: with ``profile(..., every=n)``, where rows ``n, 2n, ...`` start (UTF-8
+    CSV/JSONL; empty for Parquet, which seeks by row group, and for UTF-16/32 files).
     """
 
     rows: int
     columns: dict[str, pa.DataType]
     names: list[str]
+    offsets: tuple[RowOffset, ...] = ()
 
 
 @dataclasses.dataclass
@@ -151,43 +154,71 @@ class _BadRow:
         self.message = message
 
 
-def _open_text(uri: str, newline: str) -> io.TextIOWrapper:
-    """A text stream over ``uri`` in the encoding ``sniff_encoding`` picks (UTF-8 with
-    ``surrogateescape``; UTF-16/32 with ``replace``)."""
-    fsys, path = fs.resolve(uri)
-    stream = fsys.open_input_stream(path)
-    try:
-        buf = io.BufferedReader(stream, _BUFFER_BYTES)
-        codec, _ = sniff_encoding(buf.peek(_HEAD_BYTES)[:_HEAD_BYTES])
-        errors = "surrogateescape" if codec.startswith("utf-8") else "replace"
-        return io.TextIOWrapper(buf, encoding=codec, errors=errors, newline=newline)
-    except BaseException:
-        stream.close()
-        raise
+@dataclasses.dataclass(frozen=True)
+class RowOffset:
+    """Where data row ``row`` of a CSV/JSONL manifest starts: ``byte`` (offset of its first
+    line in the file) and ``line`` (lines before it). ``profile(..., every=n)`` records one
+    every ``n`` rows so that ``read_rows`` seeks to a partition's first row instead of
+    streaming the file from its start (which would make reading a file in ``k`` ranges cost
+    ``k`` times the file)."""
+
+    row: int
+    byte: int
+    line: int
 
 
-def _csv_records(text: io.TextIOWrapper) -> Iterator[list[str] | _BadRow]:
-    """Non-blank CSV records (header included) as lists of cells, or ``_BadRow``."""
+@dataclasses.dataclass
+class _Position:
+    byte: int = 0
+    line: int = 0
+
+
+def _utf8_lines(buf: io.BufferedReader, at: _Position) -> Iterator[str]:
+    """The lines of a UTF-8 file from byte ``at.byte`` (``surrogateescape``: each cell's
+    original bytes stay recoverable), advancing ``at`` past each line as it is yielded.
+    A UTF-8 BOM at byte 0 is dropped."""
+    buf.seek(at.byte)
+    for raw in buf:
+        text = raw.decode("utf-8", "surrogateescape")
+        if at.byte == 0 and text.startswith("\ufeff"):
+            text = text[1:]
+        at.byte += len(raw)
+        at.line += 1
+        yield text
+
+
+def _text_lines(text: io.TextIOWrapper, at: _Position) -> Iterator[str]:
+    """The lines of a text stream (UTF-16/32, or CR-only line ends: no byte offsets), counting
+    ``at.line``."""
+    for line in text:
+        at.line += 1
+        yield line
+
+
+def _csv_records(lines: Iterable[str], at: _Position) -> Iterator[list[str] | _BadRow]:
+    """Non-blank CSV records of ``lines`` as lists of cells, or ``_BadRow``. The ``csv``
+    module reads only the lines of the record it returns (no read-ahead), so ``at`` is the
+    end of the last record yielded."""
     if csv.field_size_limit() < _CSV_FIELD_LIMIT:
         csv.field_size_limit(_CSV_FIELD_LIMIT)
-    reader = csv.reader(text)
+    reader = csv.reader(lines)
     while True:
         try:
             record = next(reader)
         except StopIteration:
             return
         except csv.Error as e:
-            yield _BadRow(f"line {reader.line_num}: {e}")
+            yield _BadRow(f"line {at.line}: {e}")
             continue
         if record:
             yield record
 
 
-def _json_lines(text: io.TextIOWrapper) -> Iterator[tuple[int, str]]:
+def _json_lines(lines: Iterable[str], at: _Position) -> Iterator[tuple[int, str]]:
     """``(line_number, line)`` of the non-blank lines (line numbers from 1)."""
-    for number, line in enumerate(text, 1):
+    for line in lines:
         if line.strip():
-            yield number, line
+            yield at.line, line
 
 
 def _header(record: list[str] | _BadRow | None, uri: str) -> list[str]:
@@ -206,49 +237,85 @@ def _header(record: list[str] | _BadRow | None, uri: str) -> list[str]:
 
 
 class _Cursor:
-    """The data rows of a CSV/JSONL manifest, taken in chunks. A chunk is taken under
-    ``fs.with_retries``: a storage error mid-stream reopens the file and skips the rows
-    already taken (rows are counted by the same reader, so a resumed stream is exact)."""
+    """The data rows of a CSV/JSONL manifest, taken in chunks, from row 0 or from a
+    ``RowOffset``.
 
-    def __init__(self, uri: str, fmt: str):
+    The encoding is the one ``sniff_encoding`` picks from the first 4 KiB. A UTF-8 file
+    (the usual case) is read as binary lines, so the cursor knows the byte offset after
+    the last row it took (``at``; ``tracked``); UTF-16/32 files and CR-only line ends are
+    read through a text stream from the start (no offsets). A chunk is taken under
+    ``fs.with_retries``: a storage error mid-stream reopens the file at the offset after
+    the last row taken (untracked: from the start, skipping the rows taken), so a resumed
+    stream neither loses nor repeats a row.
+    """
+
+    def __init__(self, uri: str, fmt: str, seek: RowOffset | None = None):
         self.uri, self.fmt = uri, fmt
-        self.pos = 0
+        self.pos = seek.row if seek else 0
+        self.at = _Position(seek.byte, seek.line) if seek else _Position()
         self.names: list[str] = []
-        self._text: io.TextIOWrapper | None = None
+        self.tracked = False
+        self._file: io.IOBase | None = None
         self._rows: Iterator[Any] | None = None
 
     def _open(self) -> Iterator[Any]:
-        text = _open_text(self.uri, "" if self.fmt == "csv" else "\n")
-        self._text = text
-        if self.fmt == "csv":
-            records = _csv_records(text)
-            self.names = _header(next(records, None), self.uri)
-            rows: Iterator[Any] = records
+        fsys, path = fs.resolve(self.uri)
+        buf = io.BufferedReader(fsys.open_input_file(path), _BUFFER_BYTES)
+        self._file = buf
+        head = buf.peek(_HEAD_BYTES)[:_HEAD_BYTES]
+        codec, _ = sniff_encoding(head)
+        self.tracked = codec.startswith("utf-8") and (b"\n" in head or b"\r" not in head)
+        if self.tracked:
+            if self.fmt == "csv" and (not self.names or self.at.byte == 0):
+                header = _Position()
+                self.names = _header(next(_csv_records(_utf8_lines(buf, header), header),
+                                          None), self.uri)
+                if self.at.byte == 0:
+                    self.at = header
+            lines: Iterator[str] = _utf8_lines(buf, self.at)
+            skip = 0
         else:
-            rows = _json_lines(text)
-        for _ in itertools.islice(rows, self.pos):
+            buf.seek(0)
+            text = io.TextIOWrapper(buf, encoding=codec, errors="surrogateescape"
+                                    if codec.startswith("utf-8") else "replace",
+                                    newline="" if self.fmt == "csv" else "\n")
+            self._file, self.at = text, _Position()
+            lines, skip = _text_lines(text, self.at), self.pos
+        if self.fmt == "jsonl":
+            rows: Iterator[Any] = _json_lines(lines, self.at)
+        else:
+            rows = _csv_records(lines, self.at)
+            if not self.tracked:
+                self.names = _header(next(rows, None), self.uri)
+        for _ in itertools.islice(rows, skip):
             pass
         return rows
 
     def take(self, n: int) -> list[Any]:
         """The next ``n`` rows (fewer at the end of the file)."""
         def attempt() -> list[Any]:
+            saved = dataclasses.replace(self.at)
             try:
                 if self._rows is None:
                     self._rows = self._open()
                 return list(itertools.islice(self._rows, n))
             except BaseException:
                 self.close()
+                self.at = saved  # the rows of this chunk are taken again
                 raise
         chunk = fs.with_retries(self.uri, "read manifest", attempt)
         self.pos += len(chunk)
         return chunk
 
+    def offset(self) -> RowOffset | None:
+        """Where the next row starts (None when this file's offsets are not tracked)."""
+        return RowOffset(self.pos, self.at.byte, self.at.line) if self.tracked else None
+
     def close(self) -> None:
         """Close the stream (a later ``take`` reopens it)."""
-        if self._text is not None:
-            self._text.close()
-        self._text, self._rows = None, None
+        if self._file is not None:
+            self._file.close()
+        self._file, self._rows = None, None
 
 
 def _parse_json(line: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -283,8 +350,9 @@ def _escaped_text(s: str) -> str:
 
 
 def _read_text(uri: str, fmt: str, start: int, stop: int, used: list[str],
-               carried: dict[str, pa.DataType], batch_size: int) -> Iterator[ManifestRows]:
-    cursor = _Cursor(uri, fmt)
+               carried: dict[str, pa.DataType], batch_size: int,
+               seek: RowOffset | None) -> Iterator[ManifestRows]:
+    cursor = _Cursor(uri, fmt, seek if seek is not None and seek.row <= start else None)
     try:
         if start > 0:
             while cursor.pos < start and cursor.take(min(batch_size * 16, start - cursor.pos)):
@@ -351,17 +419,21 @@ def _json_batch(chunk: list[tuple[int, str]], first: int, used: list[str],
     return ManifestRows(first, values, errors, tuple(names))
 
 
-def _profile_text(uri: str, fmt: str, used: set[str]) -> ManifestProfile:
+def _profile_text(uri: str, fmt: str, used: set[str], every: int) -> ManifestProfile:
     cursor = _Cursor(uri, fmt)
     kinds: dict[str, set[str]] = {}
     names: dict[str, None] = {}
+    offsets: list[RowOffset] = []
     rows = 0
     try:
         while True:
-            chunk = cursor.take(4096)
+            chunk = cursor.take(min(4096, every - rows % every) if every else 4096)
             if not chunk:
                 break
             rows += len(chunk)
+            offset = cursor.offset()
+            if every and rows % every == 0 and offset is not None:
+                offsets.append(offset)
             if fmt == "csv":
                 _csv_kinds(chunk, cursor.names, used, kinds)
             else:
@@ -381,7 +453,7 @@ def _profile_text(uri: str, fmt: str, used: set[str]) -> ManifestProfile:
     finally:
         cursor.close()
     columns = {k: mt.type_of(kinds.get(k, set())) for k in names if k not in used}
-    return ManifestProfile(rows, columns, list(names))
+    return ManifestProfile(rows, columns, list(names), tuple(o for o in offsets if o.row < rows))
 
 
 def _csv_kinds(chunk: list[Any], names: list[str], used: set[str],
@@ -537,7 +609,7 @@ def _used(used: Collection[str]) -> list[str]:
     return list(dict.fromkeys(c for c in used if c))
 
 
-def profile(uri: str, declared: str, used: Collection[str]) -> ManifestProfile:
+def profile(uri: str, declared: str, used: Collection[str], every: int = 0) -> ManifestProfile:
     """Count the rows of the manifest ``uri`` and type its carried columns, in one pass.
 
     ``declared``: the spec's manifest format (``auto``: from the extension). ``used``: the
@@ -545,6 +617,7 @@ def profile(uri: str, declared: str, used: Collection[str]) -> ManifestProfile:
     (empty names ignored). CSV/JSONL: one streaming pass over the whole file with the
     reader ``read_rows`` uses (memory: one buffer and one chunk of rows); rows that cannot
     be read count as rows (they are error rows when read) and do not take part in typing.
+    ``every``: record a ``RowOffset`` every ``every`` rows (``ManifestProfile.offsets``).
     Parquet: count and types from the footer. Types: module docstring. Raises
     ``PlanError`` naming the file when it cannot be read at all (missing, storage
     failure after retries, a corrupt Parquet footer, an unknown extension).
@@ -553,12 +626,12 @@ def profile(uri: str, declared: str, used: Collection[str]) -> ManifestProfile:
     names = set(_used(used))
     if fmt == "parquet":
         return _guard(uri, fmt, PlanError, lambda: _profile_parquet(uri, names))
-    return _guard(uri, fmt, PlanError, lambda: _profile_text(uri, fmt, names))
+    return _guard(uri, fmt, PlanError, lambda: _profile_text(uri, fmt, names, every))
 
 
 def read_rows(uri: str, declared: str, start: int, stop: int, used: Collection[str],
-              carried: dict[str, pa.DataType], batch_size: int = 1024
-              ) -> Iterator[ManifestRows]:
+              carried: dict[str, pa.DataType], batch_size: int = 1024,
+              seek: RowOffset | None = None) -> Iterator[ManifestRows]:
     """Yield the rows ``[start, stop)`` (0-based data rows, as counted by ``profile``) of
     the manifest ``uri`` as ``ManifestRows`` of at most ``batch_size`` rows, in order;
     exactly one output row per row of the range that the file holds (fewer only if the
@@ -569,8 +642,9 @@ def read_rows(uri: str, declared: str, start: int, stop: int, used: Collection[s
     columns: cleaned text; non-strings as JSON text); a column this file lacks is None.
     A row that cannot be parsed (wrong number of CSV fields, invalid JSON, not an object)
     or whose value cannot be converted has an ``errors`` entry instead of failing the file.
-    Parquet reads only the row groups that overlap the range; CSV/JSONL stream from the
-    start of the file up to ``stop``. Raises ``PartitionError`` naming the file when it
+    Parquet reads only the row groups that overlap the range; CSV/JSONL stream from
+    ``seek`` (a ``RowOffset`` at or before ``start``, from ``profile``), else from the
+    start of the file, up to ``stop``. Raises ``PartitionError`` naming the file when it
     cannot be read (storage failure after retries, corrupt Parquet data).
     """
     fmt = manifest_format(uri, declared)
@@ -578,7 +652,7 @@ def read_rows(uri: str, declared: str, start: int, stop: int, used: Collection[s
     if fmt == "parquet":
         it = _read_parquet(uri, start, stop, cols, dict(carried), batch_size)
     else:
-        it = _read_text(uri, fmt, start, stop, cols, dict(carried), batch_size)
+        it = _read_text(uri, fmt, start, stop, cols, dict(carried), batch_size, seek)
     try:
         while True:
             batch = _guard(uri, fmt, PartitionError, lambda: next(it, None))

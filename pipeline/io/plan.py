@@ -1,7 +1,8 @@
 """The ``PartitionPlan``: inputs cut once into fixed partitions, persisted in ``_plan/``.
 
 ``_plan/plan.parquet`` has a row per input item (``partition_id``, ``uri``, ``size_bytes``,
-``caption_uri``, ``row_start``, ``row_stop``, ``key``, ``error``), written incrementally in
+``caption_uri``, ``row_start``, ``row_stop``, ``key``, ``error``, ``byte_start``,
+``line_start``), written incrementally in
 row groups while the listing streams in, so planning 10 million objects never holds them in
 memory at once. ``uri`` and ``caption_uri`` are stored as bytes (UTF-8 with
 ``surrogateescape``), so a local file name that is not valid UTF-8 survives the plan.
@@ -40,7 +41,8 @@ ROWS_PER_ROW_GROUP = 65_536
 _SCHEMA = pa.schema([("partition_id", pa.string()), ("uri", pa.binary()),
                      ("size_bytes", pa.int64()), ("caption_uri", pa.binary()),
                      ("row_start", pa.int64()), ("row_stop", pa.int64()),
-                     ("key", pa.string()), ("error", pa.string())])
+                     ("key", pa.string()), ("error", pa.string()),
+                     ("byte_start", pa.int64()), ("line_start", pa.int64())])
 _DATASOURCE_PREFIX = "datasource."
 _INDEX_SCHEMA = pa.schema([("partition_id", pa.string()), ("rows_planned", pa.int64()),
                            ("inputs", pa.int64())])
@@ -164,7 +166,7 @@ def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec,
             for i in part.inputs:
                 for name, value in zip(_SCHEMA.names, (
                         part.partition_id, _encode(i.uri), i.size_bytes, _encode(i.caption_uri),
-                        i.row_start, i.row_stop, i.key, i.error)):
+                        i.row_start, i.row_stop, i.key, i.error, i.byte_start, i.line_start)):
                     buffer[name].append(value)
             if len(buffer["uri"]) >= ROWS_PER_ROW_GROUP:
                 writer.write_table(pa.table(buffer, schema=_SCHEMA))

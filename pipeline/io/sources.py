@@ -271,7 +271,8 @@ class ManifestDatasource(Datasource):
         step = self.spec.partition_size
         for uri, size in files:
             try:
-                found = manifest.profile(uri, self.spec.manifest_format, self._used())
+                found = manifest.profile(uri, self.spec.manifest_format, self._used(),
+                                         every=step)
                 if found.rows:
                     self._path_column(found.names, uri)
             except (PlanError, PartitionError) as e:
@@ -282,10 +283,15 @@ class ManifestDatasource(Datasource):
                                 error=str(e))
                 continue
             self._profiles.append(found.columns)
-            # Row ranges are cut at partition_size; the planner packs them into partitions.
+            # Row ranges are cut at partition_size (the planner packs them into partitions),
+            # each with where it starts in the file, so its read seeks there.
+            offsets = {o.row: o for o in found.offsets}
             for start in range(0, found.rows, step):
+                at = offsets.get(start)
                 yield InputItem(uri=uri, size_bytes=size, row_start=start,
-                                row_stop=min(found.rows, start + step))
+                                row_stop=min(found.rows, start + step),
+                                byte_start=at.byte if at else -1,
+                                line_start=at.line if at else -1)
 
     def plan_metadata(self) -> dict[str, str]:
         """Also ``carried_columns`` (``manifest.columns_to_text`` of the united carried
@@ -340,8 +346,11 @@ class ManifestDatasource(Datasource):
                 continue
             base = posixpath.dirname(item.uri)
             read = 0
+            seek = (manifest.RowOffset(item.row_start, item.byte_start, item.line_start)
+                    if item.byte_start >= 0 else None)
             for rows in manifest.read_rows(item.uri, self.spec.manifest_format, item.row_start,
-                                           item.row_stop, self._used(), carried, batch_size):
+                                           item.row_stop, self._used(), carried, batch_size,
+                                           seek):
                 path_col = self._path_column(rows.names or self._used(), item.uri)
                 read += rows.num_rows
                 yield self._batch(rows, item.uri, path_col, base, stem, carried, fetcher, pool)

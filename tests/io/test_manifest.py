@@ -451,35 +451,61 @@ def test_property_parquet_rows_out_equal_rows_in(data):
 
 
 def test_a_storage_error_mid_stream_resumes_at_the_same_row(tmp_path, monkeypatch):
-    """A transient error while streaming reopens the file and skips the rows already read:
-    no row lost or repeated."""
+    """A transient error while streaming reopens the file at the byte after the last row
+    taken: no row lost or repeated."""
     lines = ["path,caption"] + [f'p{i}.png,"cap {i}\nline 2 of {i}"' for i in range(3000)]
     path = write(tmp_path / "m.csv", "\n".join(lines) + "\n")
-    real_open, opened = manifest._open_text, []
+    real, opened = manifest._utf8_lines, []
 
-    class Flaky:
-        def __init__(self, text, fail_after):
-            self.text, self.left = text, fail_after
-
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            self.left -= 1
-            if self.left == 0:
+    def flaky_lines(buf, at):
+        opened.append(at.byte)
+        for k, line in enumerate(real(buf, at)):
+            if len(opened) == 2 and k == 4000:  # the first data stream (1: the header's)
                 raise ConnectionError("Connection was closed")
-            return next(self.text)
+            yield line
 
-        def close(self):
-            self.text.close()
-
-    def flaky_open(uri, newline):
-        opened.append(uri)
-        text = real_open(uri, newline)
-        return Flaky(text, 4000) if len(opened) == 1 else text
-
-    monkeypatch.setattr(manifest, "_open_text", flaky_open)
+    monkeypatch.setattr(manifest, "_utf8_lines", flaky_lines)
     values, errors, _ = read_all(path, [(1000, 3000)], batch_size=100)
-    assert len(opened) == 2
+    assert len(opened) == 3 and opened[2] > opened[1] > 0   # reopened further on, no header
     assert errors == [None] * 2000
     assert values["caption"] == [f"cap {i}\nline 2 of {i}" for i in range(1000, 3000)]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_profile_offsets_let_a_range_seek_instead_of_streaming_from_the_start(tmp_path, fmt,
+                                                                              monkeypatch):
+    """profile(every=n) records where rows n, 2n, ... start (byte and line); read_rows from
+    such an offset gives exactly the rows of a read from the start, reading only from there."""
+    rows = [{"path": f"p{i}.png", "caption": f"caf\u00e9 {i}\nline 2", "n": i}
+            for i in range(1000)]
+    if fmt == "csv":
+        out = io.StringIO()
+        csv.writer(out).writerows([["path", "caption", "n"]] +
+                                  [[r["path"], r["caption"], r["n"]] for r in rows])
+        text = out.getvalue()
+    else:
+        text = "".join(json.dumps(r) + "\n\n" for r in rows)  # blank lines between rows
+    path = write(tmp_path / f"m.{fmt}", text, "utf-8-sig")
+    p = manifest.profile(str(path), "auto", USED, every=300)
+    assert p.rows == 1000 and [o.row for o in p.offsets] == [300, 600, 900]
+    raw = path.read_bytes()
+    for o in p.offsets:
+        assert raw[o.byte:].lstrip(b"\n").startswith(  # (blank lines may precede a row)
+            b'p%d.png' % o.row if fmt == "csv" else b'{"path": "p%d.png"' % o.row)
+    starts = []
+    real = manifest._utf8_lines
+
+    def spy(buf, at):
+        starts.append(at.byte)
+        return real(buf, at)
+
+    monkeypatch.setattr(manifest, "_utf8_lines", spy)
+    for o in p.offsets:
+        got = list(manifest.read_rows(str(path), "auto", o.row, o.row + 50, USED, p.columns,
+                                      seek=o))
+        assert [c for b in got for c in b.values["caption"]] == [
+            r["caption"] for r in rows[o.row:o.row + 50]]
+        assert got[0].first_row == o.row and starts[-1] == o.byte
+    bad = list(manifest.read_rows(str(path), "auto", 950, 960, USED, p.columns,
+                                  seek=p.offsets[-1]))
+    assert [b.values["n"] for b in bad] == [list(range(950, 960))]
