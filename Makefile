@@ -3,8 +3,14 @@
 #   make test         venv + install + the default test suite
 PYTHON ?= python3
 VENV ?= .venv
-# CPU build of torch; on a GPU machine use e.g. TORCH=torch==2.13.0 with the CUDA index.
+# torch is installed first: TORCH is one requirement, TORCH_INDEX_URL the index to take it
+# from (empty: PyPI, which serves the CUDA build on Linux), as the Dockerfile's build args:
+#   make quickstart TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu     # CPU only
 TORCH ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+ifneq ($(words $(TORCH)),1)
+$(error TORCH="$(TORCH)" must be one requirement; give the index as TORCH_INDEX_URL=URL)
+endif
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.mmpipe-installed
 
@@ -13,7 +19,7 @@ STAMP := $(VENV)/.mmpipe-installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX_URL),--index-url "$(TORCH_INDEX_URL)")
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 

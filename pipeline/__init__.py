@@ -3,6 +3,34 @@
 The import package is ``pipeline``; the console script is ``mmpipe``. See DESIGN.md
 (architecture) and README.md (how to run). Import direction:
 ``cli -> runtime -> {io, steps, models} -> spec -> {records, errors}``.
+``pipeline.read_output(output)`` reads a job's committed output (``pipeline.io.output``).
 """
 
+from __future__ import annotations
+
+import functools
+
 __version__ = "0.1.0"
+__all__ = ["__version__", "package_version", "read_output"]
+
+
+@functools.cache
+def package_version() -> str:
+    """The installed ``mmpipe`` distribution's version (``importlib.metadata``), else
+    ``__version__`` (a source checkout that is not installed, e.g. a Ray job's working_dir)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("mmpipe")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
+
+
+def __getattr__(name: str):
+    """``pipeline.read_output`` (``pipeline.io.output.read_output``), imported on first use
+    so that ``import pipeline`` stays light (PEP 562)."""
+    if name == "read_output":
+        from pipeline.io.output import read_output
+
+        return read_output
+    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -30,6 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline import package_version
 from pipeline.columns import (ERROR, ERROR_REASON, KEY, PARTITION_ID, REJECT_REASON, SOURCE_URI,
                               STATUS, COLUMNS, lookup, output_order)
 from pipeline.errors import AssemblyError
@@ -87,8 +88,19 @@ class Pipeline:
         return [typed[n] if n in typed else COLUMNS[n].field() for n in output_order(names)]
 
     def schema(self, partition: Partition) -> pa.Schema:
-        """Schema of the data files of ``partition``: ``fields()`` + carried columns."""
-        return pa.schema(self.fields() + self.datasource.extra_fields(partition))
+        """Schema of the data files of ``partition``: ``fields()`` + carried columns; its
+        metadata is ``file_metadata()`` (the files' Parquet key-value metadata, to which
+        each datasink adds ``mmpipe.partition_id`` and ``mmpipe.attempt_id``)."""
+        return pa.schema(self.fields() + self.datasource.extra_fields(partition),
+                         metadata=self.file_metadata())
+
+    def file_metadata(self) -> dict[str, str]:
+        """Key-value metadata of every output Parquet file: ``mmpipe.version`` (the
+        installed package's version, ``importlib.metadata``), ``mmpipe.fingerprint``
+        (the commit markers' fingerprint) and ``mmpipe.spec`` (the resolved ``JobSpec``,
+        overrides applied, as JSON)."""
+        return {"mmpipe.version": package_version(), "mmpipe.fingerprint": self.fingerprint,
+                "mmpipe.spec": self.spec.model_dump_json()}
 
     def settings(self) -> dict[str, Any]:
         """The output-affecting settings of every part, in pipeline order."""

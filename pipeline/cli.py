@@ -1,7 +1,9 @@
-"""Command line: ``mmpipe validate | run | status | gc | submit | logs | stop``.
+"""Command line: ``mmpipe validate | run | status | ls | gc | spec | submit | logs | stop``.
 
 Exit codes: 0 success; 1 the job ran but some partition failed (named in the report);
-2 a bad job spec or unusable input/output, reported before anything runs.
+2 a bad job spec or unusable input/output, reported before anything runs (``mmpipe run``
+checks the input, the output and the models before Ray starts: ``runtime/preflight.py``);
+``mmpipe status``: 0 complete, 1 a partition failed, 2 not an output, 3 partitions pending.
 """
 
 from __future__ import annotations
@@ -43,18 +45,30 @@ def cmd_validate(args) -> int:
 
 def cmd_run(args) -> int:
     spec = _load(args)
-    import ray  # heavy: only for commands that need a cluster
+    # models come from local copies only, here as in every worker (runtime_env below)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from pipeline.runtime.preflight import preflight
 
-    from pipeline.runtime.driver import run_job
+    preflight(spec)  # input, output and models checked before Ray starts (exit 2)
+    from pipeline.runtime import local_ray, stops
+
+    local_ray.quiet_env()  # before Ray is imported: it reads some settings then
+    from pipeline.runtime.driver import run_job  # heavy (ray): only for commands that need it
 
     address = args.address or os.environ.get("RAY_ADDRESS") or None
-    ray.init(address=address, logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}},
-             include_dashboard=None if address not in (None, "local") else False)
+    session = None
     try:
-        report = run_job(spec)
-    finally:
-        ray.shutdown()
+        session = local_ray.start(address, dashboard=args.dashboard, verbose=args.verbose,
+                                  runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
+        with stops.on_signals():  # after ray.init, whose SIGTERM handler prints a stack dump
+            try:
+                report = run_job(spec)
+            finally:
+                local_ray.shutdown(session)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line, no traceback, 130/143
+        local_ray.shutdown(session)
+        print(stops.summary(e), file=sys.stderr)
+        return stops.exit_code()
     print(report.format())
     if args.report_json:
         with open(args.report_json, "w") as f:
@@ -63,25 +77,11 @@ def cmd_run(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from pipeline.io.checkpoint import CheckpointStore
-    from pipeline.io.plan import read_plan
+    from pipeline.runtime import status
 
-    plan = read_plan(args.output)
-    store = CheckpointStore(args.output)
-    markers, failures = store.markers(), store.failures()
-    total = len(plan) if plan else 0
-    rows: dict[str, int] = {}
-    for m in markers.values():
-        for k, v in m.rows_by_status.items():
-            rows[k] = rows.get(k, 0) + v
-    print(json.dumps({"output": args.output, "inputs": plan.totals() if plan else {},
-                      "rows_out": sum(m.rows_in for m in markers.values()),
-                      "partitions_planned": total,
-                      "partitions_committed": len(markers),
-                      "partitions_failed": {p: f["error"] for p, f in sorted(failures.items())},
-                      "partitions_pending": max(0, total - len(markers) - len(failures)),
-                      "rows_by_status": rows}, indent=1))
-    return 0
+    state = status.output_status(args.output)   # NotAnOutput: exit 2
+    print(json.dumps(state, indent=1) if args.json else status.format_status(state))
+    return status.exit_code(state)
 
 
 def cmd_gc(args) -> int:
@@ -89,11 +89,43 @@ def cmd_gc(args) -> int:
     from pipeline.io.checkpoint import unreferenced_files
 
     garbage = unreferenced_files(args.output, args.min_age_s)
+    young = len(unreferenced_files(args.output)) - len(garbage) if args.min_age_s > 0 else 0
     for uri in garbage:
         print(f"{'would delete' if args.dry_run else 'delete'} {uri}")
         if not args.dry_run:
             fs.delete_file(uri)
     print(f"{len(garbage)} unreferenced files{' (dry run)' if args.dry_run else ' deleted'}")
+    if young > 0:
+        print(f"{young} unreferenced files younger than {args.min_age_s:g} s not "
+              f"{'listed' if args.dry_run else 'deleted'} (a running job may still be writing "
+              "them; --min-age-s 0 includes them)")
+    return 0
+
+
+def cmd_ls(args) -> int:
+    """Print the committed files of an output (named by commit markers), one URI per line;
+    exit 2 if OUTPUT is not an mmpipe output."""
+    from pipeline.io.checkpoint import committed_files
+    from pipeline.io.output import is_output
+
+    if not is_output(args.output):
+        print(f"error: {args.output}: not an mmpipe output (no _plan/ and no _checkpoints/)",
+              file=sys.stderr)
+        return 2
+    for uri in committed_files(args.output, args.kind):
+        print(uri)
+    return 0
+
+
+def cmd_spec(args) -> int:
+    """Print the job spec reference: Markdown (``docs/spec.md``) or, with ``--schema``, the
+    JSON Schema of a job spec (``pipeline.spec_doc``)."""
+    from pipeline import spec_doc
+
+    if args.schema:
+        print(json.dumps(spec_doc.json_schema(), indent=2))
+    else:
+        sys.stdout.write(spec_doc.markdown())
     return 0
 
 
@@ -106,6 +138,10 @@ def cmd_submit(args) -> int:
         if "://" not in uri and not os.path.isabs(uri):
             log.warning("%s %r is relative: on the cluster it resolves inside the job's "
                         "working_dir; use an absolute path or s3:// for output you keep", what, uri)
+    from pipeline.runtime.preflight import submit_checks
+
+    # local paths that the job will see as they are here (exit 2 before any upload)
+    submit_checks(spec, head_is_local=submit.is_loopback(args.address) and not args.installed)
     bad = [item for item in args.env if "=" not in item or item.startswith("=")]
     if bad:
         raise submit.SubmitError(f"--env {bad[0]!r}: expected KEY=VALUE")
@@ -164,9 +200,17 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_args(p)
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local Ray)")
     p.add_argument("--report-json", help="also write the job report to this file")
+    p.add_argument("--dashboard", action="store_true", help="start Ray's dashboard with a "
+                   "local Ray (on 127.0.0.1) and print its URL")
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="debug logging, and worker log lines shown here (else only in the "
+                   "log directory printed at start)")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("status", help="committed/pending partitions of an output, from markers")
+    p = sub.add_parser("status", help="job, fingerprint, committed/failed/pending partitions "
+                       "of an output, from its plan and markers; exit 0 complete, 1 a partition "
+                       "failed, 2 not an mmpipe output, 3 partitions pending")
     p.add_argument("output", help="output location (sink.uri)")
+    p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("gc", help="delete output files no commit marker names (failed, lost "
                        "and zombie attempts)")
@@ -177,6 +221,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "a running job's in-flight attempts are spared (default 3600; 0 when no "
                    "job writes to OUTPUT)")
     p.set_defaults(func=cmd_gc)
+    p = sub.add_parser("ls", help="list the committed output files (named by commit "
+                       "markers), one URI per line")
+    p.add_argument("output", help="output location (sink.uri)")
+    p.add_argument("--kind", choices=["data", "quarantine", "wds"],
+                   help="only Parquet data files, quarantine files or WebDataset shards "
+                   "(default: all)")
+    p.set_defaults(func=cmd_ls)
+    p = sub.add_parser("spec", help="print the job spec reference (Markdown, as in "
+                       "docs/spec.md) or its JSON Schema")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--markdown", action="store_true", help="the Markdown reference (default)")
+    fmt.add_argument("--schema", action="store_true", help="the JSON Schema of a job spec")
+    p.set_defaults(func=cmd_spec)
     _job_commands(sub)
     return parser
 

@@ -84,7 +84,9 @@ def output_order(names: set[str]) -> list[str]:
 # --- identity and outcome (every row) -----------------------------------------------
 KEY = declare("key", pa.string(), "Record key: file stem, manifest key or WebDataset __key__.")
 PARTITION_ID = declare("partition_id", pa.string(), "Partition that produced the row.")
-SOURCE_URI = declare("source_uri", pa.string(), "Where the record's media came from.")
+SOURCE_URI = declare("source_uri", pa.string(), "Where the record's media came from, as a URI: "
+                     "s3://, http(s)://, file:// or relative to the working directory "
+                     "(pipeline.io.source_uri).")
 STATUS = declare("status", pa.string(), "ok | rejected | error (records.Status).")
 REJECT_REASON = declare("reject_reason", pa.string(), "records.RejectReason when rejected.")
 ERROR_REASON = declare("error_reason", pa.string(), "records.ErrorReason when status=error.")
@@ -100,10 +102,15 @@ DECODE_FLAGS = declare("decode_flags", pa.list_(pa.string()), "Image decoder fla
                        "float_scaled: float pixels scaled to 8 bits; see steps/decode.py).")
 HAS_ALPHA = declare("has_alpha", pa.bool_(), "The source had transparency.")
 SHA256 = declare("sha256", pa.string(), "sha256 (hex) of the source bytes.")
-PHASH = declare("phash", pa.uint64(), "64-bit DCT perceptual hash (imagehash.phash).")
+PHASH = declare("phash", pa.int64(), "64-bit DCT perceptual hash (imagehash.phash): its 64 "
+                "bits (most significant first, as imagehash's hex) read as a two's-complement "
+                "int64 (Spark/BigQuery have no uint64); unsigned value: "
+                "np.asarray(phash, np.int64).view(np.uint64). Hamming distance is unchanged.")
 DUPLICATE_OF = declare("duplicate_of", pa.string(), "Key of the kept row this duplicates.")
 DUPLICATE_HAMMING = declare("duplicate_hamming", pa.int32(), "pHash distance (bits) to it.")
 CAPTION = declare("caption", pa.large_string(), "Normalised caption (None if missing).")
+CAPTIONS = declare("captions", pa.list_(pa.large_string()), "Every caption the input gave, "
+                   "normalised like caption, in order ([] if none); caption is the first.")
 CAPTION_FLAGS = declare("caption_flags", pa.list_(pa.string()), "Caption normalisation flags.")
 IMAGE = declare("image", pa.binary(), "Resized, re-encoded image (video: middle frame).")
 IMAGE_WIDTH = declare("image_width", pa.int32(), "Width of `image` (pixels).")

@@ -57,6 +57,16 @@ class RowError:
         return f"{self.reason.value}: {self.message}"
 
 
+@dataclasses.dataclass(frozen=True)
+class CaptionKeyMissing:
+    """The raw caption of a `.json` sidecar or member whose object lacks ``key`` (the
+    configured ``source.caption_column``): the caption step makes it no caption with the
+    flags ``caption_key_missing`` and ``missing_caption``, so a misnamed key (``captions``
+    for files whose key is ``caption``) is told apart from a sample without a caption."""
+
+    key: str
+
+
 class RejectReason(str, enum.Enum):
     """Why a filter set ``status="rejected"`` (the ``reject_reason`` column)."""
 

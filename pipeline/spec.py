@@ -1,7 +1,9 @@
 """The job spec: one YAML file validated by pydantic (``extra="forbid"``).
 
 ``load_spec(path, overrides)`` reads, overrides and validates a spec; a bad spec raises
-``SpecError`` naming the dotted field and the bad value before anything runs.
+``SpecError`` naming the dotted field and the bad value before anything runs. A ``source``
+field that the chosen ``source.kind`` does not use (``SOURCE_FIELD_KINDS``) is such an
+error too. ``pipeline.spec_doc`` renders these models as ``docs/spec.md`` and a JSON Schema.
 The fingerprint of a spec is computed from the assembled pipeline
 (``pipeline.assembly``): each part declares which of its settings change output rows.
 """
@@ -9,6 +11,7 @@ The fingerprint of a spec is computed from the assembled pipeline
 from __future__ import annotations
 
 import functools
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,10 +53,35 @@ def image_extensions() -> tuple[str, ...]:
     return tuple(sorted((found | {".svg", ".mpo"}) - set(SIDECAR_EXTENSIONS)))
 
 
-class SourceSpec(_Strict):
-    """Where the input is and how it is cut into partitions."""
+SourceKind = Literal["files", "manifest", "webdataset"]
+SOURCE_KINDS: tuple[str, ...] = typing.get_args(SourceKind)
 
-    kind: Literal["files", "manifest", "webdataset"] = Field(
+# The source.kind values whose datasource (pipeline.io.sources) reads each of these source
+# fields; the other source fields (kind, media, uri, caption_column) are read by every kind.
+SOURCE_FIELD_KINDS: dict[str, tuple[str, ...]] = {
+    "manifest_format": ("manifest",),
+    "path_column": ("manifest",),
+    "key_column": ("manifest",),
+    "extensions": ("files", "webdataset"),
+    "partition_size": ("files", "manifest"),
+    "shards_per_partition": ("webdataset",),
+}
+
+
+class FieldNotApplicable(ValueError):
+    """Fields a spec sets that its ``source.kind`` does not use. ``problems``: a list of
+    ``(field, value, message)``, ``field`` relative to its section (``path_column``);
+    ``parse_spec`` reports each as ``<section>.<field>: <message>`` in a ``SpecError``."""
+
+    def __init__(self, problems: list[tuple[str, Any, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{field}: {message}" for field, _, message in problems))
+
+
+class SourceSpec(_Strict):
+    """Where the input is, what kind it is, and how it is cut into partitions."""
+
+    kind: SourceKind = Field(
         description="`files`: media files under a prefix, captions from a sidecar `.txt`/`.json` "
         "of the same stem; `manifest`: Parquet/CSV/JSONL rows naming media by path or "
         "http(s) URL (img2dataset conventions); `webdataset`: WebDataset `.tar` shards, "
@@ -61,16 +89,20 @@ class SourceSpec(_Strict):
     media: Literal["image", "video"] = Field(
         "image", description="What the media are: `image` (decode, resize, pHash) or `video` "
         "(PyAV decode, frames sampled by presentation timestamp; see the `video` section).")
-    uri: str = Field(description="Directory prefix (files) or manifest file/prefix (manifest); "
-                     "a relative path is relative to the working directory.")
+    uri: str = Field(description="Directory prefix of the media (files), a manifest file or a "
+                     "prefix of manifests (manifest), a shard file or a prefix of shards "
+                     "(webdataset): a local path (relative to the working directory) or "
+                     "`s3://bucket/prefix`.")
     manifest_format: Literal["auto", "parquet", "csv", "jsonl"] = Field(
         "auto", description="Manifest format; `auto` uses the file extension.")
     path_column: str | None = Field(
         None, description="Manifest column naming the media; default: `url`, else `path`. "
         "Relative paths are resolved against the manifest's directory.")
     caption_column: str = Field(
-        "caption", description="Manifest column (or `.json` sidecar key) holding the caption; "
-        "a list value yields its first non-blank string.")
+        "caption", description="Manifest column, or key of a `.json` sidecar (files) or "
+        "`json` member (webdataset), holding the caption; a list value yields its first "
+        "non-blank string. A `.json` object without this key gives no caption, flagged "
+        "`caption_key_missing` (its keys go to `metadata_json`).")
     key_column: str | None = Field(
         None, description="Manifest column used as the record key; default: the media file stem.")
     extensions: tuple[str, ...] | None = Field(
@@ -78,21 +110,40 @@ class SourceSpec(_Strict):
         "case-insensitive; default by `media`: every extension Pillow/pillow-heif open "
         "(`image_extensions()`) or `VIDEO_EXTENSIONS`. "
         "The format itself is sniffed from the bytes, not from this.")
-    partition_size: int = Field(1000, ge=1, description="Records per partition (fixed at "
-                                "planning); `webdataset`: see `shards_per_partition`.")
+    partition_size: int = Field(1000, ge=1, description="Records (media files or manifest "
+                                "rows) per partition, fixed at planning; `webdataset` cuts "
+                                "by `shards_per_partition` instead.")
     shards_per_partition: int = Field(1, ge=1, description="WebDataset: whole shards per "
                                       "partition (a shard is never split).")
 
     @field_validator("extensions")
     @classmethod
     def _dotted(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        """``mp4``, ``.MP4`` and ``.mp4`` all mean ``.mp4``."""
+        """`extensions`: `mp4`, `.MP4` and `.mp4` all mean `.mp4`; an empty list or name is
+        an error."""
         if value is None:
             return None
         out = tuple("." + e.strip().lstrip(".").lower() for e in value)
         if not out or any(e == "." for e in out):
             raise ValueError("extensions must be non-empty names like .mp4")
         return out
+
+    @model_validator(mode="after")
+    def _fields_apply_to_kind(self) -> "SourceSpec":
+        """A `source` field that `source.kind` does not use is an error when the spec sets it
+        to a value other than its default (a default is never an error, so a spec dumped
+        with all its fields validates again)."""
+        problems = []
+        for name, kinds in SOURCE_FIELD_KINDS.items():
+            value = getattr(self, name)
+            if (self.kind not in kinds and name in self.model_fields_set
+                    and value != type(self).model_fields[name].default):
+                shown = list(value) if isinstance(value, tuple) else value
+                problems.append((name, shown, f"{shown!r} does not apply to source.kind "
+                                 f"{self.kind!r} (used by: {', '.join(kinds)})"))
+        if problems:
+            raise FieldNotApplicable(problems)
+        return self
 
     @property
     def media_extensions(self) -> tuple[str, ...]:
@@ -297,6 +348,7 @@ class ImageEmbedSpec(ModelServingSpec):
 
     @model_validator(mode="after")
     def _consistent(self) -> "ImageEmbedSpec":
+        """`model` is required when `enabled`; `min_clip_score` needs `score: true`."""
         if self.enabled and not self.model:
             raise ValueError("image_embedding.model is required when enabled")
         if self.min_clip_score is not None and not self.score:
@@ -332,6 +384,7 @@ class CaptionModelSpec(ModelServingSpec):
 
     @model_validator(mode="after")
     def _consistent(self) -> "CaptionModelSpec":
+        """`model` is required when `enabled`; `min_new_tokens` must not exceed `max_new_tokens`."""
         if self.enabled and not self.model:
             raise ValueError("captioning.model is required when enabled")
         if self.min_new_tokens > self.max_new_tokens:
@@ -357,23 +410,31 @@ class JobSpec(_Strict):
     """A whole job: source, steps, sink and runtime."""
 
     name: str = Field("mmpipe-job", description="Job name, used in logs and the report.")
-    source: SourceSpec
-    sink: SinkSpec
-    captions: CaptionSpec = CaptionSpec()
-    decode: DecodeSpec = DecodeSpec()
-    download: DownloadSpec = DownloadSpec()
-    video: VideoSpec = VideoSpec()
-    resize: ResizeSpec = ResizeSpec()
-    filters: FilterSpec = FilterSpec()
-    dedup: DedupSpec = DedupSpec()
-    text_embedding: TextEmbedSpec = TextEmbedSpec()
-    image_embedding: ImageEmbedSpec = ImageEmbedSpec()
-    captioning: CaptionModelSpec = CaptionModelSpec()
-    runtime: RuntimeSpec = RuntimeSpec()
-    storage: StorageSpec = StorageSpec()
+    source: SourceSpec = Field(description="The input: kind, location, partitioning.")
+    sink: SinkSpec = Field(description="The output: location, Parquet settings, quarantine, "
+                           "WebDataset shards.")
+    captions: CaptionSpec = Field(CaptionSpec(), description="Caption normalisation flags.")
+    decode: DecodeSpec = Field(DecodeSpec(), description="Decoding limits (pixels, bytes).")
+    download: DownloadSpec = Field(DownloadSpec(), description="HTTP(S) downloads of manifest "
+                                   "URLs.")
+    video: VideoSpec = Field(VideoSpec(), description="Video decoding and frame sampling "
+                             "(`source.media: video`).")
+    resize: ResizeSpec = Field(ResizeSpec(), description="Resize and re-encode of `image`.")
+    filters: FilterSpec = Field(FilterSpec(), description="Size and aspect-ratio filters.")
+    dedup: DedupSpec = Field(DedupSpec(), description="Exact and near dedup inside a partition.")
+    text_embedding: TextEmbedSpec = Field(TextEmbedSpec(), description="Caption embeddings "
+                                          "(model actors).")
+    image_embedding: ImageEmbedSpec = Field(ImageEmbedSpec(), description="Image embeddings, "
+                                            "CLIP score and its filter (model actors).")
+    captioning: CaptionModelSpec = Field(CaptionModelSpec(), description="Generated captions "
+                                         "(model actors).")
+    runtime: RuntimeSpec = Field(RuntimeSpec(), description="Workers, batches, retries, "
+                                 "resume mode; never changes the output.")
+    storage: StorageSpec = Field(StorageSpec(), description="S3 endpoint, region, retries.")
 
     @model_validator(mode="after")
     def _distinct_locations(self) -> "JobSpec":
+        """`sink.uri` must differ from `source.uri`."""
         if self.source.uri.rstrip("/") == self.sink.uri.rstrip("/"):
             raise ValueError("sink.uri must differ from source.uri")
         return self
@@ -395,19 +456,26 @@ def apply_override(data: dict[str, Any], dotted: str, raw_value: str) -> None:
 
 
 def parse_spec(data: Any, origin: str = "<spec>") -> JobSpec:
-    """Validate a spec mapping; raise ``SpecError`` naming the first bad field and value."""
+    """Validate a spec mapping; raise ``SpecError`` naming the first bad field and value
+    (every bad field is a line of its message)."""
     if not isinstance(data, dict):
         raise SpecError(f"{origin}: a job spec must be a mapping, got {type(data).__name__}")
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:
-        lines = []
+        lines, where = [], []
         for err in e.errors():
             loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+            cause = (err.get("ctx") or {}).get("error")
+            if isinstance(cause, FieldNotApplicable):
+                for field, value, message in cause.problems:
+                    lines.append(f"{loc}.{field}: {message}")
+                    where.append((f"{loc}.{field}", value))
+                continue
             lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
-        first = e.errors()[0]
+            where.append((".".join(str(p) for p in err["loc"]), err.get("input")))
         raise SpecError(f"{origin}: invalid job spec:\n  " + "\n  ".join(lines),
-                        ".".join(str(p) for p in first["loc"]), first.get("input")) from None
+                        *where[0]) from None
 
 
 def load_spec(path: str | Path, overrides: list[str] = (), input_uri: str | None = None,

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.errors import SpecError
 from pipeline.assembly import fingerprint
-from pipeline.spec import load_spec
+from pipeline.spec import JobSpec, load_spec
 from tests.conftest import REPO
 
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
@@ -66,6 +66,12 @@ def test_cli_validate_exit_codes(tmp_path):
     out = subprocess.run([sys.executable, "-m", "pipeline", "validate", str(QUICKSTART),
                           "--set", "source.kind=ftp"], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2 and "source.kind" in out.stderr and "'ftp'" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "pipeline", "validate", str(QUICKSTART),
+                          "--input", "data/photos", "--set", "source.kind=files"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2 and out.stdout == ""
+    assert ("source.path_column: 'file' does not apply to source.kind 'files' (used by: "
+            "manifest)") in out.stderr
 
 
 def test_extensions_are_normalised_to_dotted_lower_case():
@@ -76,3 +82,47 @@ def test_extensions_are_normalised_to_dotted_lower_case():
     assert SourceSpec(kind="files", uri="x", media="video").media_extensions[0] == ".mp4"
     with pytest.raises(ValueError, match="extensions"):
         SourceSpec(kind="files", uri="x", extensions=["."])
+
+
+WEBDATASET = REPO / "examples" / "webdataset.yaml"
+IMAGES = REPO / "examples" / "images.yaml"
+
+
+def test_quickstart_reused_for_a_folder_names_the_manifest_only_fields():
+    """Issue 16's trial: the manifest quickstart with `--set source.kind=files` used to pass
+    validation and fail at run time; now each manifest-only field it sets is named."""
+    with pytest.raises(SpecError) as e:
+        load_spec(QUICKSTART, ["source.kind=files"], input_uri="data/photos")
+    assert e.value.field == "source.path_column" and e.value.value == "file"
+    assert str(e.value).splitlines()[1:] == [
+        "  source.path_column: 'file' does not apply to source.kind 'files' (used by: manifest)",
+        "  source.key_column: 'key' does not apply to source.kind 'files' (used by: manifest)"]
+
+
+@pytest.mark.parametrize("spec, override, message", [
+    (WEBDATASET, "source.partition_size=10",
+     "source.partition_size: 10 does not apply to source.kind 'webdataset' (used by: files, manifest)"),
+    (IMAGES, "source.shards_per_partition=2",
+     "source.shards_per_partition: 2 does not apply to source.kind 'files' (used by: webdataset)"),
+    (IMAGES, "source.manifest_format=csv",
+     "source.manifest_format: 'csv' does not apply to source.kind 'files' (used by: manifest)"),
+    (QUICKSTART, "source.extensions=[jpg]",
+     "source.extensions: ['.jpg'] does not apply to source.kind 'manifest' (used by: files, webdataset)"),
+])
+def test_a_field_the_kind_does_not_use_is_an_error(spec, override, message):
+    with pytest.raises(SpecError) as e:
+        load_spec(spec, [override])
+    assert str(e.value).splitlines()[1:] == ["  " + message]
+    assert e.value.field == override.split("=")[0]
+
+
+def test_fields_left_at_their_defaults_never_error():
+    """Defaults (and a dumped spec, as the driver sends it to workers) validate for every
+    kind; caption_column applies to every kind."""
+    for kind in ("files", "manifest", "webdataset"):
+        spec = JobSpec.model_validate({"source": {"kind": kind, "uri": "in", "media": "image",
+                                                  "caption_column": "text"},
+                                       "sink": {"uri": "out"}})
+        assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
+    spec = load_spec(WEBDATASET, ["source.partition_size=1000"])   # the default: not an error
+    assert spec.source.shards_per_partition == 1

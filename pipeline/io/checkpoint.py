@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.errors import CommitError
 from pipeline.io import fs
-from pipeline.io.layout import OutputLayout
+from pipeline.io.layout import ATTEMPT_ROOTS, OutputLayout
 from pipeline.records import Status
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,13 @@ class CommitMarker(BaseModel):
     ``throttled_requests``: storage requests this attempt retried / was throttled on.
     ``downloads``: HTTP counters (URL manifests). ``settings``: the output-affecting
     settings the ``fingerprint`` hashes, so a refused resume can say what changed.
+    ``job``: the spec's ``name`` (empty in markers written before it was recorded).
     """
 
     model_config = ConfigDict(extra="ignore")
 
     version: int = 1
+    job: str = ""
     partition_id: str
     attempt_id: str
     fingerprint: str
@@ -173,26 +175,24 @@ def unreferenced_files(output_uri: str, min_age_s: float = 0.0) -> list[str]:
     return out
 
 
-def committed_files(output_uri: str) -> list[str]:
-    """URIs of the Parquet data files named by commit markers (what readers should trust);
-    WebDataset shards are named by the markers too, under ``wds/``."""
+def committed_files(output_uri: str, kind: str | None = "data") -> list[str]:
+    """URIs of the files named by commit markers (what readers should trust), by partition
+    id then in marker order. ``kind``: the top directory of the files (``layout.ATTEMPT_ROOTS``):
+    ``"data"`` (the Parquet data files, the default), ``"quarantine"`` or ``"wds"``
+    (WebDataset shards); None: all of them. Raises ``ValueError`` for another ``kind``."""
+    if kind is not None and kind not in ATTEMPT_ROOTS.values():
+        raise ValueError(f"kind {kind!r}: one of {sorted(ATTEMPT_ROOTS.values())} or None")
     layout = OutputLayout(output_uri)
     store = CheckpointStore(output_uri)
     return [layout.uri(f) for pid, m in sorted(store.markers().items())
-            for f in m.files if layout.is_data_file(f)]
+            for f in m.files if kind is None or f.startswith(kind + "/")]
 
 
 def read_committed(output_uri: str, columns: list[str] | None = None):
-    """The committed output as one ``pyarrow.Table`` (only files named by markers, in
-    partition order; ``columns``: a subset). The one reader of committed output used by
-    tests, benchmarks, examples and the README. Raises ``FileNotFoundError`` if no
-    partition is committed (there is then no schema to read)."""
-    import pyarrow.parquet as pq
+    """The committed output as one ``pyarrow.Table``: ``pipeline.io.output.read_output(
+    output_uri, columns).to_table()`` (only data files named by markers, in partition
+    order; ``columns``: a subset). Raises ``FileNotFoundError`` if no partition is
+    committed (there is then no schema to read)."""
+    from pipeline.io.output import read_output
 
-    files = committed_files(output_uri)
-    if not files:
-        raise FileNotFoundError(f"{output_uri}: no committed data files (no commit markers "
-                                "in _checkpoints/)")
-    fsys, _ = fs.resolve(files[0])
-    paths = [fs.resolve(f)[1] for f in files]
-    return pq.ParquetDataset(paths, filesystem=fsys).read(columns=columns)
+    return read_output(output_uri, columns).to_table()

@@ -10,8 +10,9 @@ a URI is always a ``str``; the raw bytes of a local name are decoded as UTF-8 wi
 ``U+DCNN``, as ``os.fsdecode`` does on Linux), so ``uri_to_bytes``/``uri_from_bytes``
 round-trip losslessly. ``list_files``, ``read_bytes``, ``staged``, ``file_size`` and
 ``exists`` open local paths through the OS with those raw bytes (``pyarrow`` cannot:
-it needs UTF-8). ``display_uri`` is the valid-UTF-8 text for output columns and
-messages (``\\xNN`` per undecodable byte). S3 keys are always valid UTF-8.
+it needs UTF-8). ``display_uri`` is the valid-UTF-8 text for messages (``\\xNN`` per
+undecodable byte); the ``source_uri`` column percent-encodes instead
+(``pipeline.io.source_uri``). S3 keys are always valid UTF-8.
 """
 
 from __future__ import annotations

@@ -129,16 +129,27 @@ def manifest_format(uri: str, declared: str) -> str:
 
 
 def list_manifests(uri: str, declared: str) -> list[tuple[str, int]]:
-    """Return ``(uri, size_bytes)`` of the manifest file ``uri`` or the manifests under it, sorted."""
+    """Return ``(uri, size_bytes)`` of the manifest file ``uri`` or the manifests under it, sorted.
+
+    Under a prefix, a ``.json`` file beside a media file of the same stem (``x.jpg`` +
+    ``x.json``) is that file's sidecar (the WebDataset/img2dataset convention), not a JSONL
+    manifest, and is left out; a ``.json`` with no such neighbour is a manifest."""
     size = fs.file_size(uri)
     if size is not None:
         return [(fs.normalize(uri), size)]
-    found = []
+    from pipeline.spec import VIDEO_EXTENSIONS, image_extensions
+
+    media = set(image_extensions()) | set(VIDEO_EXTENSIONS)
+    found, media_stems = [], set()
     for entry in fs.list_files(uri):
-        ext = posixpath.splitext(entry.uri)[1].lower()
-        if (declared == "auto" and ext in _EXTENSIONS) or _EXTENSIONS.get(ext) == declared:
+        stem, ext = posixpath.splitext(entry.uri)
+        ext = ext.lower()
+        if ext in media:
+            media_stems.add(stem)
+        elif (declared == "auto" and ext in _EXTENSIONS) or _EXTENSIONS.get(ext) == declared:
             found.append((entry.uri, entry.size_bytes))
-    return found
+    return [(u, n) for u, n in found
+            if not (u.lower().endswith(".json") and posixpath.splitext(u)[0] in media_stems)]
 
 
 # ---------------------------------------------------------------------------------------

@@ -238,6 +238,16 @@ def read_partition(output_uri: str, partition_id: str) -> Partition:
                      _datasource_metadata(kv))
 
 
+def check_stored_plan(output_uri: str, spec: SourceSpec) -> PartitionPlan | None:
+    """The stored plan of ``output_uri`` (None if there is none). Raises ``PlanError`` if
+    it was made for another source spec (``mmpipe run`` checks this before Ray starts)."""
+    stored = read_plan(output_uri)
+    if stored is not None and stored.source_sha256 != source_sha256(spec):
+        raise PlanError(f"{output_uri}: the stored plan was made for another source spec; "
+                        f"use --mode overwrite or a new output location")
+    return stored
+
+
 def load_or_create(output_uri: str, spec: SourceSpec,
                    list_items: Callable[[], Iterable[InputItem]],
                    items_per_partition: int | None = None,
@@ -250,13 +260,10 @@ def load_or_create(output_uri: str, spec: SourceSpec,
     stored plan is still used. Raises ``PlanError`` if the stored plan was made for
     another source spec.
     """
-    stored = read_plan(output_uri)
+    stored = check_stored_plan(output_uri, spec)
     if stored is None:
         return write_plan(output_uri, list_items(), spec, items_per_partition,
                           datasource_metadata, rows_known), "new"
-    if stored.source_sha256 != source_sha256(spec):
-        raise PlanError(f"{output_uri}: the stored plan was made for another source spec; "
-                        f"use --mode overwrite or a new output location")
     try:
         current = listing_sha256(list_items())
     except PlanError as e:

@@ -3,9 +3,10 @@
 ``ParquetDatasink`` streams every row of an attempt to
 ``data/<pid>/a-<attempt>/part-00000.parquet``; ``QuarantineDatasink`` streams the
 ``status="error"`` rows, plus ``source_bytes`` (the original bytes), to the same path under
-``quarantine/``. Rows are buffered up to ``rows_per_row_group`` and written as a row group,
-so a partition is never held in memory whole; the file's sha256 and size come from the
-stream (``fs.HashingOutput``).
+``quarantine/``. Both carry the job's key-value metadata (``on_write_start``). Rows are
+buffered up to ``rows_per_row_group`` and written as a row group, so a partition is never
+held in memory whole; the file's sha256 and size come from the stream
+(``fs.HashingOutput``).
 """
 
 from __future__ import annotations
@@ -114,8 +115,13 @@ class ParquetDatasink(Datasink):
                 "rows_per_row_group": self.spec.rows_per_row_group}
 
     def on_write_start(self, partition_id: str, attempt_id: str, schema: pa.Schema) -> None:
+        """Begin an attempt: the file's key-value metadata is ``schema.metadata`` (the
+        pipeline's ``mmpipe.version``/``fingerprint``/``spec``) plus ``mmpipe.partition_id``
+        and ``mmpipe.attempt_id``; pyarrow adds its own ``ARROW:schema`` beside them."""
         super().on_write_start(partition_id, attempt_id, schema)
-        self.schema = self._schema(schema)
+        self.schema = self._schema(schema).with_metadata({
+            **(schema.metadata or {}), b"mmpipe.partition_id": partition_id.encode(),
+            b"mmpipe.attempt_id": attempt_id.encode()})
         self.rel = OutputLayout.rel_parquet(self.name, partition_id, attempt_id)
         self.file = _StreamingFile(self.layout.uri(self.rel), self.schema, self.spec)
 

@@ -40,10 +40,11 @@ from pipeline.columns import (KEY, METADATA_JSON, RAW_CAPTION, READ_ERROR, RESER
                               SOURCE_PATH, SOURCE_URI, Batch)
 from pipeline.errors import PartitionError, PlanError
 from pipeline.io import fs, manifest, manifest_types, webdataset
-from pipeline.io.fetch import Fetcher, is_data_uri, is_url, normalize_url, too_large
+from pipeline.io.fetch import Fetcher, is_url, normalize_url, too_large
+from pipeline.io.source_uri import SourceUris
 from pipeline.io.stats import AttemptStats
 from pipeline.keys import PartitionKeys, escape_key, given_key, row_key, stem_key
-from pipeline.records import ErrorReason, InputItem, Partition, RowError
+from pipeline.records import CaptionKeyMissing, ErrorReason, InputItem, Partition, RowError
 from pipeline.spec import SIDECAR_EXTENSIONS, DecodeSpec, DownloadSpec, SourceSpec, VideoSpec
 from pipeline.text import clean_text, decode_text
 
@@ -63,10 +64,12 @@ class Datasource:
     record comes out of ``read_partition`` as exactly one row (a bad one as an error row),
     which ``pipeline.runtime.partition`` checks against ``rows_planned`` before commit.
     Keys: ``read_partition`` makes a partition's keys unique (``pipeline.keys``) and
-    ``source_uri`` valid text (``fs.display_uri``).
+    turns every ``source_uri`` into URI text (``pipeline.io.source_uri.SourceUris``: the
+    one place; a datasource yields the URIs it read).
     """
 
     rows_known = True  # records known at planning (False: only once read)
+    member_uris = False  # source_uri is <input uri>#<member> (WebDataset shards)
 
     writes: tuple[str, ...] = (KEY, SOURCE_URI, SOURCE_BYTES, RAW_CAPTION, READ_ERROR)
 
@@ -92,8 +95,13 @@ class Datasource:
     def plan_metadata(self) -> dict[str, str]:
         """What planning learned, stored in the plan once ``list_inputs`` is exhausted and
         handed to every ``Partition.plan_metadata``: ``unread_by_extension`` (JSON object,
-        extension -> objects under the input not read; ``""`` for no extension)."""
-        return {"unread_by_extension": json.dumps(dict(sorted(self.unread.items())))}
+        extension -> objects under the input not read; ``""`` for no extension) and, for a
+        local input, ``input_root`` (the absolute ``source.uri`` at planning, which a
+        relative ``source_uri`` is computed from: ``pipeline.io.source_uri``)."""
+        meta = {"unread_by_extension": json.dumps(dict(sorted(self.unread.items())))}
+        if fs.is_local(self.spec.uri):
+            meta["input_root"] = fs.normalize(self.spec.uri)
+        return meta
 
     def _skip(self, uri: str) -> None:
         self.unread[fs.display_uri(posixpath.splitext(uri)[1].lower())] += 1
@@ -123,16 +131,18 @@ class Datasource:
         """
         fetcher = Fetcher(self.max_bytes, self.download, self.temp_dir, self.video)
         keys = PartitionKeys()
+        uris = SourceUris(self.spec.uri, partition.plan_metadata.get("input_root"),
+                          [i.uri for i in partition.inputs] if self.member_uris else ())
         try:
             for batch in self._read(partition, batch_size, pool, fetcher):
                 batch[KEY] = [keys.unique(k) for k in batch[KEY]]
                 if not self.video:
-                    batch[SOURCE_URI] = [_display_uri(u) for u in batch[SOURCE_URI]]
+                    batch[SOURCE_URI] = [uris(u) for u in batch[SOURCE_URI]]
                     yield batch
                     continue
                 with contextlib.ExitStack() as stack:
                     self._stage(batch, fetcher, pool, stack)
-                    batch[SOURCE_URI] = [_display_uri(u) for u in batch[SOURCE_URI]]
+                    batch[SOURCE_URI] = [uris(u) for u in batch[SOURCE_URI]]
                     yield batch
         finally:
             if stats is not None:
@@ -402,10 +412,11 @@ class WebDatasetDatasource(Datasource):
     ``json[caption_column]``), the rest of ``json`` goes to ``metadata_json``. ``key`` is
     the sample's key in its shard (WebDataset's ``__key__``; unique across shards only if
     the shards' keys are, as img2dataset writes them); ``source_uri`` is
-    ``<shard>#<key>.<ext>``. Bad samples and
-    truncated shards become error rows (``pipeline.io.webdataset.read_shard``)."""
+    ``<shard>#<key>.<ext>`` (the shard as ``pipeline.io.source_uri`` writes a URI). Bad
+    samples and truncated shards become error rows (``pipeline.io.webdataset.read_shard``)."""
 
     writes = Datasource.writes + (METADATA_JSON,)
+    member_uris = True
 
     @property
     def items_per_partition(self) -> int:
@@ -479,15 +490,17 @@ def _to_batch(rows: list[dict[str, Any]]) -> Batch:
 
 def split_json_caption(raw: bytes | str, caption_column: str) -> tuple[Any, str | None]:
     """A JSON sidecar or member -> ``(caption, metadata_json)``: an object gives its
-    ``caption_column`` value and its other keys as sorted JSON; any other JSON value is the
-    caption itself, with no metadata (None). Bytes are decoded by
+    ``caption_column`` value and its other keys as sorted JSON (an object without that key
+    gives ``records.CaptionKeyMissing`` as the caption, and all its keys as metadata); any
+    other JSON value is the caption itself, with no metadata (None). Bytes are decoded by
     ``pipeline.text.decode_text`` (BOMs, UTF-16, the 8-bit fallback) first; the metadata
     text is cleaned (lone surrogates from ``\\ud83c`` escapes -> U+FFFD); the caption is
     left for the caption step to clean and flag. Raises ``ValueError`` for invalid JSON."""
     obj = json.loads(decode_text(bytes(raw))[0] if isinstance(raw, (bytes, bytearray)) else raw)
     if not isinstance(obj, dict):
         return obj, None
-    caption = obj.pop(caption_column, None)
+    caption = (obj.pop(caption_column) if caption_column in obj
+               else CaptionKeyMissing(caption_column))
     return caption, clean_text(json.dumps(obj, sort_keys=True, ensure_ascii=False))[0]
 
 
@@ -512,14 +525,6 @@ def _resolve_media(value: Any, base: str) -> str | None:
     if "://" in value or value.startswith("/"):
         return value
     return fs.join(base, value)
-
-
-def _display_uri(uri: str) -> str:
-    """``source_uri`` text: ``fs.display_uri`` (undecodable name bytes as ``\\xNN``); a
-    ``data:`` URI cut to its first 64 characters and its length (it can be megabytes)."""
-    if is_data_uri(uri) and len(uri) > 64:
-        return f"{uri[:64]}... ({len(uri)} characters)"
-    return fs.display_uri(uri)
 
 
 def _relative(uri: str, root: str) -> str:

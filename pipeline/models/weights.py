@@ -61,7 +61,7 @@ def check_weights(location: str, field: str = "model") -> dict[str, Any]:
 
             return _check_files(resolve_model_dir(location))
         if kind == "hf":
-            local = _hf_snapshot(location, check_only=True)
+            local = _hf_snapshot(location, check_only=True, field=field)
             if not any(n.endswith(WEIGHT_SUFFIXES) for n in os.listdir(local)):
                 return json.loads(Path(local, "config.json").read_text())  # online, not cached
             return _check_files(local)
@@ -200,24 +200,31 @@ def _hf_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
 
 
-def _hf_snapshot(location: str, check_only: bool) -> str:
-    """A Hugging Face id -> its local snapshot directory (downloaded when online, unless
-    ``check_only``, which never downloads weights)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.utils import HfHubHTTPError, LocalEntryNotFoundError
+def _hf_snapshot(location: str, check_only: bool, field: str = "model") -> str:
+    """A Hugging Face id -> its local snapshot directory in the Hugging Face cache
+    (``huggingface_hub.snapshot_download(local_files_only=True)``: no network). Not cached:
+    with ``HF_HUB_OFFLINE`` on (``mmpipe run`` sets it) a ``ModelLoadError`` says how to
+    provide the model, with no request sent; online, the Hub is asked (``check_only``:
+    the file list and ``config.json``, never the weights)."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     repo_id = location.removeprefix("hf://")
     try:
         return snapshot_download(repo_id, local_files_only=True)
     except LocalEntryNotFoundError as e:
         if _hf_offline():
-            raise ModelLoadError(f"Hugging Face model {repo_id!r} is not in the local cache and "
-                                 "HF_HUB_OFFLINE=1; pre-download it or give a local/s3:// "
-                                 "location") from e
+            raise ModelLoadError(
+                f"not in the local Hugging Face cache ({constants.HF_HUB_CACHE}), and mmpipe "
+                "runs offline (HF_HUB_OFFLINE=1). To provide it: on a machine online, run "
+                f"`hf download {repo_id}` and copy its Hugging Face cache here (or point "
+                "HF_HOME at a copy); or save the model and its processor with "
+                f"save_pretrained() to a directory and set {field} to that path, or to an "
+                "s3:// prefix holding it") from e
     try:
         return _hf_remote_config_dir(repo_id) if check_only else snapshot_download(repo_id)
-    except (HfHubHTTPError, OSError, ValueError) as e:
-        raise ModelLoadError(f"Hugging Face model {repo_id!r}: {e}") from e
+    except Exception as e:  # HTTP errors, and the HTTP client's own (connection refused...)
+        raise ModelLoadError(f"Hugging Face model {repo_id!r}: {type(e).__name__}: {e}") from e
 
 
 def _hf_remote_config_dir(repo_id: str) -> str:

@@ -17,16 +17,17 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from pipeline.assembly import assemble
-from pipeline.errors import PlanError
 from pipeline.io import fs, plan as planning
-from pipeline.io.checkpoint import CheckpointStore, CommitMarker
+from pipeline.io.checkpoint import CheckpointStore
 from pipeline.models.registry import check_models
 from pipeline.runtime.metrics import DriverMetrics, job_namespace
 from pipeline.runtime.model_pool import (model_stats, reserved_cpus, start_model_pools,
                                          stop_model_pools)
 from pipeline.runtime.partition import AttemptOutcome, new_attempt_id
-from pipeline.runtime.progress import Progress
+from pipeline.runtime.preflight import check_empty, committed_markers
+from pipeline.runtime.progress import TICK_S as PROGRESS_TICK_S, Progress
 from pipeline.runtime.report import JobReport
+from pipeline.runtime.stops import Stopped
 from pipeline.runtime.worker import PartitionWorker
 from pipeline.spec import JobSpec
 
@@ -38,8 +39,8 @@ def prepare_output(spec: JobSpec) -> None:
     out = spec.sink.uri
     if spec.runtime.mode == "overwrite":
         fs.delete_tree(out)
-    elif spec.runtime.mode == "error-if-exists" and any(True for _ in fs.list_files(out)):
-        raise PlanError(f"sink.uri {out!r} is not empty and runtime.mode is error-if-exists")
+    elif spec.runtime.mode == "error-if-exists":
+        check_empty(out)
 
 
 def default_workers(spec: JobSpec) -> int:
@@ -49,7 +50,12 @@ def default_workers(spec: JobSpec) -> int:
 
 
 def run_job(spec: JobSpec) -> JobReport:
-    """Run a job on the connected Ray cluster (``ray.init`` done by the caller)."""
+    """Run a job on the connected Ray cluster (``ray.init`` done by the caller).
+
+    A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM inside ``stops.on_signals``) while partitions
+    run kills the workers and model actors and is raised again as ``stops.Stopped``, carrying
+    the report so far and the partitions that were in flight.
+    """
     t0 = time.time()
     pipeline = assemble(spec)  # unbound models: the fingerprint, the datasource, the checks
     fp = pipeline.fingerprint
@@ -61,9 +67,7 @@ def run_job(spec: JobSpec) -> JobReport:
                                         source.items_per_partition, source.plan_metadata,
                                         source.rows_known)
     store = CheckpointStore(spec.sink.uri)
-    done, foreign = store.committed(fp)
-    if foreign:
-        raise PlanError(foreign_output_message(spec.sink.uri, foreign, fp, pipeline.settings()))
+    done = committed_markers(spec.sink.uri, pipeline)  # PlanError: another fingerprint
     report = JobReport(spec.name, spec.sink.uri, fp, f"{how}, {len(plan)} partitions",
                        partitions_total=len(plan), inputs=plan.totals())
     for pid in sorted(done):
@@ -71,8 +75,15 @@ def run_job(spec: JobSpec) -> JobReport:
     todo = [pid for pid in plan.partition_ids if pid not in done]
     log.info("job %s: %d partitions planned (%s), %d already committed, %d to run",
              spec.name, len(plan), how, len(done), len(todo))
-    if todo:
-        _run_partitions(spec, fp, todo, report)
+    planned = dict(zip(plan.partition_ids, plan.rows_planned))
+    records = None if plan.rows_total is None else sum(planned[p] for p in todo)
+    try:
+        if todo:
+            _run_partitions(spec, fp, todo, report, records)
+    except Stopped:
+        raise
+    except KeyboardInterrupt:  # SIGINT/SIGTERM (pipeline.runtime.stops): say what is committed
+        raise Stopped(report) from None
     report.wall_s = time.time() - t0
     if report.complete:
         store.write_success(report.to_dict())
@@ -86,17 +97,27 @@ def _start_worker(spec: JobSpec, fp: str, index: int, pools: list, restarts: int
                                    num_cpus=1).remote(spec.model_dump_json(), fp, index, pools)
 
 
-def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport) -> None:
-    pools = start_model_pools(spec)
-    n_workers = min(len(todo), spec.runtime.num_workers or default_workers(spec))
-    scheduler = _Scheduler(spec, fp, todo, report, pools)
+def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
+                    records: int | None = None) -> None:
+    """Run the partitions ``todo`` (``records``: the records they plan, None if unknown)."""
+    progress = Progress(records, len(todo), spec.runtime.progress_interval_s)  # models load
+    pools: list = []
+    scheduler = None
     try:
+        pools = start_model_pools(spec)
+        n_workers = min(len(todo), spec.runtime.num_workers or default_workers(spec))
+        scheduler = _Scheduler(spec, fp, todo, report, pools, progress)
         for i in range(n_workers):
             scheduler.start_worker(i)
         scheduler.loop()
+        report.model_actors = model_stats(pools)  # not after a stop: it waits on the actors
+    except KeyboardInterrupt:  # a stop: the partitions in flight may still have committed
+        in_flight = [pid for _, pid, _ in scheduler.in_flight.values()] if scheduler else []
+        raise Stopped(report, in_flight) from None
     finally:
-        scheduler.close()
-        report.model_actors = model_stats(pools)
+        if scheduler is not None:
+            scheduler.close()
+        progress.close()
         stop_model_pools(pools)
 
 
@@ -109,7 +130,8 @@ class _Scheduler:
     ``max_attempts``; then it is recorded in ``_failures/`` and the job goes on.
     """
 
-    def __init__(self, spec: JobSpec, fp: str, todo: list, report: JobReport, pools: list):
+    def __init__(self, spec: JobSpec, fp: str, todo: list, report: JobReport, pools: list,
+                 progress: Progress):
         self.spec, self.fp, self.report, self.pools = spec, fp, report, pools
         self.store = CheckpointStore(spec.sink.uri)
         self.queue = collections.deque(todo)
@@ -119,7 +141,7 @@ class _Scheduler:
         self.starting: dict = {}   # ping ObjectRef -> worker index
         self.in_flight: dict = {}  # run ObjectRef -> (worker index, partition id, attempt id)
         self.idle: collections.deque = collections.deque()
-        self.progress = Progress(len(todo), spec.runtime.progress_interval_s)
+        self.progress = progress
         self.metrics = DriverMetrics(spec.name)
 
     def start_worker(self, i: int) -> None:
@@ -133,7 +155,11 @@ class _Scheduler:
             self.metrics.remaining(len(self.queue) + len(self.in_flight))
             while self.queue and self.idle:
                 self._dispatch(self.idle.popleft(), self.queue.popleft())
-            ready, _ = ray.wait(list(self.in_flight) + list(self.starting), num_returns=1)
+            ready, _ = ray.wait(list(self.in_flight) + list(self.starting), num_returns=1,
+                                timeout=PROGRESS_TICK_S)
+            if not ready:
+                self.progress.tick()
+                continue
             ref = ready[0]
             if ref in self.starting:
                 i = self.starting.pop(ref)
@@ -192,36 +218,8 @@ class _Scheduler:
 
     def close(self) -> None:
         self.metrics.remaining(len(self.queue) + len(self.in_flight))
-        self.progress.close()
         for w in self.workers.values():
             ray.kill(w)
-
-
-def foreign_output_message(output_uri: str, foreign: dict[str, CommitMarker], fingerprint: str,
-                           settings: dict) -> str:
-    """Why an output committed under another fingerprint is refused: how many partitions,
-    which settings differ (from the markers' ``settings``), and what to do."""
-    marker = foreign[min(foreign)]
-    if marker.settings:
-        changed = _diff(marker.settings, settings)
-        why = "; settings changed: " + ", ".join(changed[:8]) + (
-            f" (and {len(changed) - 8} more)" if len(changed) > 8 else "")
-    else:
-        why = (f"; they were written by mmpipe {marker.mmpipe_version or '< 0.1'} (commit "
-               f"marker version {marker.version}), whose fingerprint covers other settings")
-    return (f"{output_uri}: {len(foreign)} partitions were committed under another spec "
-            f"fingerprint ({marker.fingerprint}; this spec has {fingerprint}){why}. Resuming "
-            "would mix two outputs: use --mode overwrite or a new output location")
-
-
-def _diff(old: Any, new: Any, path: str = "") -> list[str]:
-    """Dotted paths where two settings trees differ, with old -> new values."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [d for k in sorted(set(old) | set(new))
-                for d in _diff(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))]
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [d for i, (a, b) in enumerate(zip(old, new)) for d in _diff(a, b, f"{path}[{i}]")]
-    return [] if old == new else [f"{path}: {old!r} -> {new!r}"]
 
 
 def _short(e: BaseException) -> str:

@@ -143,7 +143,8 @@ def _marker(pipeline: Pipeline, partition: Partition, attempt_id: str, result: W
             stats: AttemptStats, started: float, ran_on: dict[str, str] | None) -> CommitMarker:
     finished = time.time()
     return CommitMarker(
-        version=MARKER_VERSION, partition_id=partition.partition_id, attempt_id=attempt_id,
+        version=MARKER_VERSION, job=pipeline.spec.name, partition_id=partition.partition_id,
+        attempt_id=attempt_id,
         fingerprint=pipeline.fingerprint, files=list(result.files), sha256=result.sha256,
         rows_in=stats.rows_in,
         rows_planned=pipeline.datasource.rows_planned(partition),

@@ -1,7 +1,10 @@
 """Submit, follow and stop mmpipe jobs on a Ray cluster through its job API (port 8265).
 
 A submitted job runs ``python -m pipeline run SPEC ...`` as the Ray job's driver on the
-head. The code reaches the cluster in one of two ways:
+head: ``python`` is the head's (its PATH), except for a head on this machine (a loopback
+address, not ``--installed``), where it is the interpreter running ``mmpipe`` here, so a
+local head works without an activated virtual environment (``entrypoint``). The code
+reaches the cluster in one of two ways:
 - ``working_dir`` (default): this checkout is zipped and uploaded (``.venv``, ``output``,
   ``bench/out``, ``.git``, ``tests`` left out), so the spec and relative inputs travel with it;
 - ``installed``: the cluster image already has mmpipe (the Dockerfile); only the spec file
@@ -19,9 +22,12 @@ import asyncio
 import dataclasses
 import logging
 import os
+import shlex
 import shutil
+import sys
 import tempfile
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -63,6 +69,24 @@ def resolve_address(address: str | None) -> str:
     if not address.startswith(("http://", "https://")):
         raise SubmitError(f"--address {address!r}: use the dashboard's http(s)://HOST:8265 URL")
     return address.rstrip("/")
+
+
+def is_loopback(address: str | None) -> bool:
+    """True if the job API at ``address`` (see ``resolve_address``) is on a loopback host
+    (``127.0.0.1``, ``localhost``, ``::1``): a local head, or a port-forward to a remote one."""
+    host = urllib.parse.urlsplit(resolve_address(address)).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def entrypoint(args: list[str], python: str | None = None) -> str:
+    """The job's shell command for ``args`` (``python -m pipeline run ...``, see
+    ``run_args``). With ``python`` (an absolute interpreter path) the command runs that
+    interpreter where it exists on the head and ``python`` from the head's PATH otherwise
+    (a loopback address may be a port-forward to a remote cluster)."""
+    if python is None:
+        return shlex.join(args)
+    return (f'PY={shlex.quote(python)}; [ -x "$PY" ] || PY=python; "$PY" '
+            + shlex.join(args[1:]))
 
 
 def auth_token() -> str | None:
@@ -120,9 +144,11 @@ def submit(spec_path: str, run_argv: list[str], *, address: str | None = None,
            env: dict[str, str] | None = None, job_name: str = "job",
            submission_id: str | None = None, metadata: dict[str, str] | None = None
            ) -> Submission:
-    """Submit ``mmpipe run`` for ``spec_path``; ``run_argv`` are the run options after SPEC."""
-    import shlex
+    """Submit ``mmpipe run`` for ``spec_path``; ``run_argv`` are the run options after SPEC.
 
+    The job's Python is this process's interpreter when the head is on a loopback address
+    and not ``installed`` (``entrypoint``), else ``python`` on the head's PATH. Raises
+    ``SubmitError``."""
     bad = sorted(set(env or {}) & set(RESERVED_ENV))
     if bad:
         raise SubmitError(f"--env {', '.join(bad)}: set by mmpipe run itself")
@@ -139,17 +165,18 @@ def submit(spec_path: str, run_argv: list[str], *, address: str | None = None,
             raise SubmitError(f"{spec_path}: the spec must be inside the working dir {root} "
                               "(it is uploaded with it)")
         spec_rel, excludes = spec.relative_to(root).as_posix(), WORKING_DIR_EXCLUDES
-    entrypoint = shlex.join(run_args(spec_rel, [], None, None, None) + run_argv)
+    python = None if installed or not is_loopback(address) else sys.executable
+    command = entrypoint(run_args(spec_rel, [], None, None, None) + run_argv, python)
     runtime_env = {"working_dir": str(root), "excludes": excludes,
                    "env_vars": dict(env or {})}
     sid = submission_id or f"mmpipe-{job_name}-{uuid.uuid4().hex[:8]}"
     jobs = client(address)
     try:
-        sid = _submit_with_retry(jobs, entrypoint, runtime_env, sid, metadata or {})
+        sid = _submit_with_retry(jobs, command, runtime_env, sid, metadata or {})
     finally:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
-    return Submission(sid, jobs.get_address(), entrypoint)
+    return Submission(sid, jobs.get_address(), command)
 
 
 def _submit_with_retry(jobs, entrypoint: str, runtime_env: dict, sid: str,

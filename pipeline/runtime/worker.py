@@ -51,8 +51,10 @@ class PartitionWorker:
         started = time.perf_counter()
         chaos.maybe_kill_worker(partition_id)
         partition = read_partition(self.spec.sink.uri, partition_id)
-        log.info("partition %s: attempt %s started (%d inputs)", partition.partition_id,
-                 attempt_id, len(partition.inputs))
+        planned = self.pipeline.datasource.rows_planned(partition)
+        log.info("partition %s: attempt %s started (%s records, %d inputs)",
+                 partition.partition_id, attempt_id,
+                 "?" if planned is None else planned, len(partition.inputs))
         try:
             out = run_partition(self.pipeline, partition, attempt_id, self.pool,
                                 ran_on={"worker": f"PartitionWorker-{self.index}",
@@ -64,7 +66,8 @@ class PartitionWorker:
             self.current = "idle"
         self.metrics.partition_done(out, time.perf_counter() - started)
         log.info("partition %s: attempt %s %s in %.2fs", partition.partition_id, attempt_id,
-                 "committed" if out.committed else "lost the commit race", out.marker.duration_s)
+                 f"committed {out.marker.rows_in} records" if out.committed
+                 else "lost the commit race", out.marker.duration_s)
         return out
 
     def ping(self) -> bool:

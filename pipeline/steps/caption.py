@@ -1,4 +1,5 @@
-"""Caption normalisation: any raw value to ``caption`` (str or None) plus ``caption_flags``.
+"""Caption normalisation: any raw value to ``caption`` (str or None), ``captions`` (every
+caption, normalised alike: a list keeps all of them) plus ``caption_flags``.
 
 Raw values: ``bytes`` (a ``.txt`` sidecar, a CSV cell that is not UTF-8, a binary Parquet
 column) are decoded by ``pipeline.text.decode_text``; ``str`` values are cleaned by
@@ -6,10 +7,12 @@ column) are decoded by ``pipeline.text.decode_text``; ``str`` values are cleaned
 stripped of surrounding whitespace, never holds NUL or another control character other
 than tab/LF/CR, and always encodes as UTF-8.
 
-Flags (list of str): ``missing_caption`` (null, blank or absent), ``non_string_caption``
+Flags (list of str): ``missing_caption`` (null, blank or absent), ``caption_key_missing``
+(with ``missing_caption``: a `.json` sidecar/member object without the
+``source.caption_column`` key, ``records.CaptionKeyMissing``), ``non_string_caption``
 (a number, bool, dict, ...; stored as its JSON text), ``from_list`` (a list: its first
-non-blank string is used), ``long_caption`` (longer than ``long_caption_chars``
-characters; the caption is stored in full), ``replacement_char`` (the text held U+FFFD
+non-blank string is ``caption``, all of them are ``captions``), ``long_caption`` (longer
+than ``long_caption_chars`` characters; the caption is stored in full), ``replacement_char`` (the text held U+FFFD
 before any decoding here, i.e. neither ``invalid_utf8`` nor ``lone_surrogate`` made it),
 and the decoding flags of ``pipeline.text``: ``encoding_fixed`` (bytes were not UTF-8 and
 were decoded with the fallback encoding, cp1252 by default), ``invalid_utf8``
@@ -23,12 +26,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipeline.columns import CAPTION, CAPTION_FLAGS, RAW_CAPTION, Batch
+from pipeline.columns import CAPTION, CAPTION_FLAGS, CAPTIONS, RAW_CAPTION, Batch
+from pipeline.records import CaptionKeyMissing
 from pipeline.spec import CaptionSpec
 from pipeline.steps.base import Step
 from pipeline.text import INVALID_UTF8, LONE_SURROGATE, clean_text, decode_text
 
 _BYTES = (bytes, bytearray, memoryview)
+CAPTION_KEY_MISSING = "caption_key_missing"
 
 
 def _is_text(value: Any) -> bool:
@@ -39,19 +44,42 @@ def _is_text(value: Any) -> bool:
 
 
 def normalize_caption(raw: Any, spec: CaptionSpec) -> tuple[str | None, list[str]]:
-    """Return ``(caption, flags)`` for a raw caption value of any type.
+    """Return ``(caption, flags)`` for a raw caption value of any type: the first two
+    items of ``normalize_captions`` (see there). Never raises."""
+    caption, _, flags = normalize_captions(raw, spec)
+    return caption, flags
 
-    ``raw``: None, str, bytes/bytearray/memoryview, a list/tuple (its first non-blank
-    str or bytes is used, flag ``from_list``) or any other JSON value (its JSON text, flag
-    ``non_string_caption``). ``caption`` is the stripped text, or None (flag
-    ``missing_caption``) when nothing but whitespace or control characters is left.
-    ``spec.fallback_encoding`` is the single-byte encoding tried for 8-bit bytes. Flags:
-    the module docstring. Never raises.
+
+def normalize_captions(raw: Any, spec: CaptionSpec) -> tuple[str | None, list[str], list[str]]:
+    """Return ``(caption, captions, flags)`` for a raw caption value of any type.
+
+    ``raw``: None, str, bytes/bytearray/memoryview, a list/tuple of captions, or any other
+    JSON value (its JSON text, flag ``non_string_caption``). Each str or bytes is
+    normalised alike: decoded (``spec.fallback_encoding`` is the single-byte encoding
+    tried for 8-bit bytes), cleaned and stripped; one left blank (or only control
+    characters) is no caption. ``captions``: every caption in input order - for a list,
+    each of its str/bytes items that is not blank after normalisation (other items, e.g.
+    numbers or nested lists, are skipped); for a single value, a one-element list; ``[]``
+    when there is none. ``caption``: the first of ``captions``, or None (flag
+    ``missing_caption``). ``flags`` describe ``caption`` (for a list: ``from_list`` first;
+    with no caption, the flags of the list's first str/bytes item). Flags: the module
+    docstring. Never raises.
     """
+    if not isinstance(raw, (list, tuple)):
+        text, flags = _normalize_one(raw, spec)
+        return text, [] if text is None else [text], flags
+    tried = [_normalize_one(r, spec) for r in raw if _is_text(r)]
+    captions = [text for text, _ in tried if text is not None]
+    chosen = next((t for t in tried if t[0] is not None),
+                  tried[0] if tried else (None, ["missing_caption"]))
+    return chosen[0], captions, ["from_list"] + chosen[1]
+
+
+def _normalize_one(raw: Any, spec: CaptionSpec) -> tuple[str | None, list[str]]:
+    """``(text, flags)`` of one caption value that is not a list (``normalize_captions``)."""
+    if isinstance(raw, CaptionKeyMissing):
+        return None, [CAPTION_KEY_MISSING, "missing_caption"]
     flags: list[str] = []
-    if isinstance(raw, (list, tuple)):
-        flags.append("from_list")
-        raw = next((r for r in raw if _is_text(r)), None)
     if isinstance(raw, _BYTES):
         raw, more = decode_text(bytes(raw), spec.fallback_encoding)
         flags += more
@@ -72,9 +100,10 @@ def normalize_caption(raw: Any, spec: CaptionSpec) -> tuple[str | None, list[str
 
 
 class CaptionStep(Step):
-    """Fills ``caption`` and ``caption_flags`` from ``_raw_caption`` for every row."""
+    """Fills ``caption``, ``captions`` and ``caption_flags`` from ``_raw_caption`` for
+    every row (``normalize_captions``)."""
 
-    writes = (CAPTION, CAPTION_FLAGS)
+    writes = (CAPTION, CAPTIONS, CAPTION_FLAGS)
 
     def __init__(self, spec: CaptionSpec):
         self.spec = spec
@@ -83,7 +112,8 @@ class CaptionStep(Step):
         return self.spec.model_dump(mode="json")
 
     def __call__(self, batch: Batch) -> Batch:
-        pairs = [normalize_caption(raw, self.spec) for raw in batch[RAW_CAPTION]]
-        batch[CAPTION] = [c for c, _ in pairs]
-        batch[CAPTION_FLAGS] = [f for _, f in pairs]
+        out = [normalize_captions(raw, self.spec) for raw in batch[RAW_CAPTION]]
+        batch[CAPTION] = [c for c, _, _ in out]
+        batch[CAPTIONS] = [cs for _, cs, _ in out]
+        batch[CAPTION_FLAGS] = [f for _, _, f in out]
         return batch

@@ -1,7 +1,9 @@
 """Exact and near-duplicate detection inside one partition (no shuffle, no global state).
 
 Exact: a row whose source ``sha256`` equals an earlier kept row's. Near: a row whose
-64-bit ``phash`` is within ``max_hamming_distance`` bits of an earlier kept row's.
+64-bit ``phash`` is within ``max_hamming_distance`` bits of an earlier kept row's (``phash``
+is an int64 holding the 64 bits, ``steps.image.phash64``; it is compared as uint64, so the
+sign bit counts like any other).
 Duplicates get ``status="rejected"``, ``reject_reason="duplicate"``, ``duplicate_of``
 (the kept row's key) and ``duplicate_hamming`` (bits; 0 for an exact byte match).
 The first occurrence in partition order is kept. Memory: 8 bytes per kept pHash (an
@@ -43,14 +45,14 @@ class DedupStep(Filter):
     def _keep(self, phash: int, key: str) -> None:
         if self._n == self._hashes.size:
             self._hashes = np.concatenate([self._hashes, np.zeros_like(self._hashes)])
-        self._hashes[self._n] = np.uint64(phash)
+        self._hashes[self._n] = _bits(phash)
         self._n += 1
         self._keys.append(key)
 
     def _near(self, phash: int) -> tuple[str, int] | None:
         if not self.spec.near or self._n == 0:
             return None
-        dist = np.bitwise_count(self._hashes[:self._n] ^ np.uint64(phash))
+        dist = np.bitwise_count(self._hashes[:self._n] ^ _bits(phash))
         j = int(np.argmin(dist))
         return (self._keys[j], int(dist[j])) if dist[j] <= self.spec.max_hamming_distance else None
 
@@ -65,3 +67,9 @@ class DedupStep(Filter):
         if ph is not None:
             self._keep(ph, key)
         return None
+
+
+def _bits(phash: int) -> np.uint64:
+    """The 64 bits of a pHash (int64 two's complement, or an unsigned int) as uint64
+    (``np.bitwise_count`` of a signed value counts the bits of its absolute value)."""
+    return np.uint64(int(phash) & 0xFFFF_FFFF_FFFF_FFFF)

@@ -76,7 +76,8 @@ class HashStep(Step):
     """``sha256`` (hex) of the source bytes for every row that has bytes, and ``phash``.
 
     ``phash`` is the 64-bit DCT perceptual hash of ``imagehash.phash`` (Zauner 2010,
-    hash_size=8) of the decoded pixels, stored as uint64; None for rows without pixels.
+    hash_size=8) of the decoded pixels, as ``phash64`` gives it (int64); None for rows
+    without pixels.
     """
 
     writes = (SHA256, PHASH)
@@ -90,9 +91,14 @@ class HashStep(Step):
 
 
 def phash64(pixels: np.ndarray) -> int:
-    """64-bit perceptual hash of an (H, W, 3) uint8 image as an unsigned int."""
+    """64-bit perceptual hash of an (H, W, 3) uint8 image as a signed int64 value: the 64
+    bits of ``imagehash.phash`` (most significant first, as its hex string) read as two's
+    complement, i.e. ``np.uint64(u).view(np.int64)`` of the unsigned value ``u`` (Parquet
+    readers such as Spark and BigQuery have no uint64). The unsigned value is
+    ``np.int64(h).view(np.uint64)`` (or ``h & (2**64 - 1)``); Hamming distances are those
+    of the unsigned values (``((a ^ b) & (2**64 - 1)).bit_count()``)."""
     bits = imagehash.phash(Image.fromarray(pixels)).hash.flatten()
-    return int(np.packbits(bits).view(">u8")[0])
+    return int(np.packbits(bits).view(">i8")[0])
 
 
 def target_size(w: int, h: int, spec: ResizeSpec) -> tuple[int, int]:

@@ -47,7 +47,8 @@ def _captions() -> list[str]:
 def _clip_tokenizer(vocab_size: int):
     from transformers import CLIPTokenizer
 
-    return CLIPTokenizer().train_new_from_iterator(_captions(), vocab_size=vocab_size)
+    return CLIPTokenizer().train_new_from_iterator(_captions(), vocab_size=vocab_size,
+                                                   show_progress=False)
 
 
 def _vision(full_size: bool, image_size: int, patch: int) -> dict:
@@ -86,7 +87,8 @@ def build_siglip(path: Path, full_size: bool = False) -> Path:
     from transformers import (SiglipConfig, SiglipImageProcessorPil, SiglipModel,
                               SiglipProcessor, T5Tokenizer)
 
-    tok = T5Tokenizer().train_new_from_iterator(_captions(), vocab_size=800)
+    tok = T5Tokenizer().train_new_from_iterator(_captions(), vocab_size=800,
+                                                show_progress=False)
     config = SiglipConfig(
         text_config=_text(full_size, len(tok), max_position_embeddings=64,
                           pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
@@ -122,7 +124,8 @@ def build_llava(path: Path, full_size: bool = False) -> Path:
 
     from transformers import LlamaTokenizer
 
-    tok = LlamaTokenizer().train_new_from_iterator(_captions(), vocab_size=600)
+    tok = LlamaTokenizer().train_new_from_iterator(_captions(), vocab_size=600,
+                                                   show_progress=False)
     tok.add_special_tokens({"pad_token": "<pad>", "additional_special_tokens": ["<image>"]})
     vision = _vision(full_size, 224, 32)
     vision.update(model_type="clip_vision_model")

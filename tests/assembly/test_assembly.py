@@ -13,7 +13,8 @@ from pipeline.assembly import assemble, fingerprint
 from pipeline.errors import AssemblyError
 from pipeline.io import plan as planning
 from pipeline.io.checkpoint import CheckpointStore, read_committed
-from pipeline.runtime.driver import foreign_output_message
+from pipeline.io.source_uri import local_path
+from pipeline.runtime.preflight import foreign_output_message
 from pipeline.records import Partition
 from pipeline.runtime.partition import AttemptOutcome, run_partition
 from pipeline.spec import JobSpec, load_spec
@@ -93,7 +94,7 @@ def test_an_added_step_in_one_file_and_one_line_reaches_the_output(tmp_path, mon
     assert table.schema.field("mean_brightness").type == pa.float32()
     for row in table.to_pylist():
         assert row["status"] == "ok"
-        with open(row["source_uri"], "rb") as f:   # the decode step's JPEG draft for 256 px
+        with open(local_path(row["source_uri"]), "rb") as f:   # the decode step's draft
             pixels = decode_image(f.read(), draft_min_side_px=256).pixels
         assert row["mean_brightness"] == pytest.approx(round(float(pixels.mean()), 2), abs=1e-3)
         assert 0 < row["mean_brightness"] < 255

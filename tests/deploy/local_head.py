@@ -88,8 +88,13 @@ def _session_processes(temp_dir: Path) -> list[psutil.Process]:
 
 
 def start_head(base: Path, num_cpus: int = 2, timeout_s: float = 90,
-               extra_env: dict[str, str] | None = None) -> LocalHead:
-    """Start a head on 127.0.0.1 with token auth; return once job submission works."""
+               extra_env: dict[str, str] | None = None, venv_on_path: bool = True) -> LocalHead:
+    """Start a head on 127.0.0.1 with token auth; return once job submission works.
+
+    ``venv_on_path``: put this virtual environment's ``bin`` first on the head's PATH (as
+    an activated venv does); False removes it from PATH, as for a user who runs
+    ``.venv/bin/ray start`` without activating the venv: a bare ``python`` in a job's
+    entrypoint is then not this venv's."""
     home = base / "home"
     # Ray's unix socket paths must stay under 107 bytes: a short temp dir, not pytest's
     temp_dir = Path(tempfile.mkdtemp(prefix="mmpipe-ray-"))
@@ -98,7 +103,11 @@ def start_head(base: Path, num_cpus: int = 2, timeout_s: float = 90,
      obj_mgr) = free_ports(9)
     token = secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}
-    env.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+    venv_bin = str(Path(sys.executable).parent)
+    path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != venv_bin]
+    if not venv_on_path:
+        env.pop("VIRTUAL_ENV", None)
+    env.update(PATH=os.pathsep.join(([venv_bin] if venv_on_path else []) + path),
                HOME=str(home), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token,
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",   # bind and advertise 127.0.0.1 only
                RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1", **(extra_env or {}))

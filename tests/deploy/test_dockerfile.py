@@ -82,11 +82,15 @@ def pip_installs(commands: list[str]) -> list[list[str]]:
     return out
 
 
-def makefile_install_commands() -> tuple[list[str], dict[str, str]]:
+def makefile_install_commands(*make_args: str) -> tuple[list[str], dict[str, str]]:
+    """The commands ``make install`` runs, as make expands them (``make -n -B``: printed,
+    not run), and the Makefile's ``?=`` defaults."""
     text = (REPO / "Makefile").read_text()
-    variables = dict(re.findall(r"^(\w+) \?= (.+)$", text, re.M))
-    recipe = re.search(r"^\$\(STAMP\):.*\n((?:\t.*\n)+)", text, re.M).group(1)
-    return [line.strip() for line in recipe.splitlines()], variables
+    variables = dict(re.findall(r"^(\w+) \?= ?(.*)$", text, re.M))
+    done = subprocess.run(["make", "-n", "-B", "install", *make_args], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return [line.strip() for line in done.stdout.splitlines()], variables
 
 
 def test_buildkit_parses_it_and_hadolint_passes(instructions):
@@ -110,14 +114,25 @@ def test_base_image_is_the_pinned_ray_with_cuda_or_cpu(instructions):
 
 def test_install_steps_match_the_makefile_and_readme(instructions):
     make_lines, make_vars = makefile_install_commands()
-    make = pip_installs([line.replace("$(BIN)/python", "python") for line in make_lines])
+    make = pip_installs(make_lines)
     runs = [i.value[0] for i in instructions if i.cmd == "RUN"]
     image = pip_installs(runs)
     # the same order: torch (the same pin), then the package from the repository root
     # (the image leaves out the editable flag and the test extra)
-    assert make[-2:] == [["$(TORCH)"], ["-e", ".[test]"]], make
+    assert make[-2:] == [[make_vars["TORCH"]], ["-e", ".[test]"]], make
     assert image == [["${TORCH}"], ["."]], image
     assert arg_defaults(instructions, {})["TORCH"] == make_vars["TORCH"]
+    # the index: TORCH_INDEX_URL in both (the README's CPU-only install); none by default
+    cpu = arg_defaults(instructions, {"VARIANT": "cpu"})["TORCH_INDEX_URL"]
+    assert "--index-url" not in " ".join(make_lines) and make_vars["TORCH_INDEX_URL"] == ""
+    torch_line = next(line for line in makefile_install_commands(f"TORCH_INDEX_URL={cpu}")[0]
+                      if make_vars["TORCH"] in line)
+    assert shlex.split(torch_line)[-3:] == [make_vars["TORCH"], "--index-url", cpu]
+    assert '"${TORCH}" --index-url "${TORCH_INDEX_URL}"' in " ".join(runs)
+    # two words in TORCH (the old README's form) stop make with a message saying what to do
+    bad = subprocess.run(["make", "-n", "install", f"TORCH=torch==2.13.0 --index-url {cpu}"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "give the index as TORCH_INDEX_URL=URL" in bad.stderr
     env = {k: v for i in instructions if i.cmd == "ENV"
            for k, v in zip(i.value[::2], i.value[1::2], strict=True)}
     assert env["HF_HUB_OFFLINE"] == "1" and "HF_HUB_OFFLINE=1" in (REPO / "Makefile").read_text()

@@ -1,10 +1,16 @@
 """``mmpipe submit | logs | stop`` against a real local Ray head (``ray start --head`` on
-127.0.0.1 with token authentication), through Ray's job API."""
+127.0.0.1 with token authentication), through Ray's job API.
+
+As a user who has not activated the virtual environment: the head is started by the
+venv's ``ray`` and ``mmpipe`` is run by its path, with no venv on PATH (a bare ``python``
+there is not the venv's; issue 16)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -17,14 +23,17 @@ from tests.conftest import REPO
 from tests.deploy.local_head import free_ports, start_head
 
 
+MMPIPE = str(Path(sys.executable).with_name("mmpipe"))   # .venv/bin/mmpipe
+
+
 def mmpipe(*args: str, env: dict, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, env=env,
+    return subprocess.run([MMPIPE, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout_s)
 
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
-    h = start_head(tmp_path_factory.mktemp("submit-head"))
+    h = start_head(tmp_path_factory.mktemp("submit-head"), venv_on_path=False)
     yield h
     h.stop()
 
@@ -34,6 +43,7 @@ def env(head):
     """A client's environment: the token in RAY_AUTH_TOKEN, no RAY_AUTH_MODE."""
     e = head.client_env()
     e.pop("RAY_AUTH_MODE")
+    assert str(Path(sys.executable).parent) not in e["PATH"].split(os.pathsep)
     return e
 
 
@@ -75,12 +85,17 @@ def test_stop_a_running_job(head, env, tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN", head.token)
     jobs = submit.client(head.dashboard_url)
     deadline = time.time() + 120
-    while submit._status(jobs, sid) != "RUNNING" and time.time() < deadline:
-        time.sleep(0.5)
+    while "progress: 0/57 records" not in submit.logs(jobs, sid) and time.time() < deadline:
+        time.sleep(0.5)                                    # the driver is running partitions
     stopped = mmpipe("stop", sid, "--address", head.dashboard_url, "--wait", env=env)
     assert stopped.returncode == 0, stopped.stderr
     assert f"job {sid}: stop requested" in stopped.stdout
     assert f"job {sid}: STOPPED" in stopped.stdout
+    # the driver got SIGTERM: one line saying what is committed, no stack dump
+    logs = submit.logs(jobs, sid)
+    assert re.search(r"^stopped \(SIGTERM\): \d+ of 57 partitions committed \(\d+ records\); "
+                     r"run or submit the same spec again to resume$", logs, re.M), logs
+    assert "SIGTERM received" not in logs and "Traceback" not in logs, logs
 
 
 def test_a_wrong_or_missing_token_is_refused(head, env, tmp_path):
@@ -100,6 +115,11 @@ def test_a_bad_spec_fails_before_anything_is_submitted(env):
                   "--set", "resize.size_px=-3", env=env, timeout_s=60)
     assert done.returncode == 2
     assert "resize.size_px" in done.stderr and "submitted" not in done.stdout
+    # a local head sees this machine's paths: a missing input is refused here too
+    done = mmpipe("submit", "examples/quickstart.yaml", "--address", f"http://127.0.0.1:{port}",
+                  "--input", "/nonexistent/photos", env=env, timeout_s=60)
+    assert done.returncode == 2 and "submitted" not in done.stdout
+    assert "error: source.uri '/nonexistent/photos' does not exist" in done.stderr
 
 
 class FakeJobs:
@@ -117,18 +137,33 @@ class FakeJobs:
 
 
 @pytest.mark.parametrize("installed", [False, True])
-def test_submit_packages_the_checkout_or_only_the_spec(monkeypatch, installed):
+@pytest.mark.parametrize("address", ["http://head:8265", "http://127.0.0.1:8265"])
+def test_submit_packages_the_checkout_or_only_the_spec(monkeypatch, tmp_path, installed,
+                                                      address):
     jobs = FakeJobs()
     monkeypatch.setattr(submit, "client", lambda address: jobs)
     monkeypatch.chdir(REPO / "pipeline")              # the checkout is found upwards
     sub = submit.submit(str(REPO / "examples" / "quickstart.yaml"),
                         ["--output", "s3://bucket/out", "--set", "runtime.num_workers=4"],
-                        installed=installed, env={"AWS_REGION": "eu-west-1"}, job_name="q",
-                        submission_id="mmpipe-q-1")
+                        address=address, installed=installed, env={"AWS_REGION": "eu-west-1"},
+                        job_name="q", submission_id="mmpipe-q-1")
     (call,) = jobs.calls
     spec_arg = "quickstart.yaml" if installed else "examples/quickstart.yaml"
-    assert call["entrypoint"] == (f"python -m pipeline run {spec_arg} --output s3://bucket/out "
-                                  "--set runtime.num_workers=4")
+    args = f"-m pipeline run {spec_arg} --output s3://bucket/out --set runtime.num_workers=4"
+    if installed or address == "http://head:8265":      # the head's own python
+        assert call["entrypoint"] == f"python {args}"
+    else:     # a head on this machine: this interpreter, if the head has it (else python)
+        assert call["entrypoint"] == (f'PY={shlex.quote(sys.executable)}; [ -x "$PY" ] || PY=python; '
+                                      f'"$PY" {args}')
+        # the shell picks that interpreter where it exists, else `python` from PATH
+        (tmp_path / "python").write_text("#!/bin/sh\necho python-from-PATH\n")
+        (tmp_path / "python").chmod(0o755)
+        probe = ["python", "-c", "import sys; print(sys.executable)"]
+        for exe, expected in ((sys.executable, sys.executable),
+                              ("/nonexistent/python", "python-from-PATH")):
+            ran = subprocess.run(["/bin/sh", "-c", submit.entrypoint(probe, exe)], text=True,
+                                 capture_output=True, check=True, env={"PATH": str(tmp_path)})
+            assert ran.stdout.strip() == expected
     env = call["runtime_env"]
     assert env["env_vars"] == {"AWS_REGION": "eu-west-1"}
     if installed:       # a staging dir with the spec only, removed after the upload

@@ -73,8 +73,8 @@ def check_accounting(out: str, planned: bool = True) -> dict[str, dict]:
     return markers
 
 
-COMPARED = ("status", "reject_reason", "sha256", "phash", "caption", "width", "height",
-            "image_width", "image_height", "partition_id", "image")
+COMPARED = ("status", "reject_reason", "sha256", "phash", "caption", "captions", "source_uri",
+            "width", "height", "image_width", "image_height", "partition_id", "image")
 
 
 def assert_same_output(got_root: str, want_root: str, rows: int = 57,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import pipeline
 from pipeline.errors import PlanError
 from pipeline.io import plan as planning
 from pipeline.io.checkpoint import CheckpointStore, committed_files, read_committed
@@ -72,7 +74,14 @@ def test_mixed_real_input_end_to_end(ray_local, mixed_input, tmp_path):
         vec = np.asarray(r["text_embedding"], dtype=np.float32)
         assert vec.shape == (384,) and abs(np.linalg.norm(vec) - 1) < 1e-4
     assert rows["hopper_orientation_6"]["caption_flags"] == ["missing_caption"]
+    assert rows["hopper_orientation_6"]["captions"] == []
     assert rows["hopper_orientation_6"]["text_embedding"] is None
+    # an absolute input root: source_uri is a file:// URI (pathlib's encoding)
+    for key, r in rows.items():
+        media = [p for p in mixed_input.glob(f"{key}.*") if p.suffix not in (".txt", ".json")]
+        assert r["source_uri"] == media[0].as_uri()
+    assert all(r["captions"] == [r["caption"]] for r in rows.values() if r["caption"])
+    assert table.schema.field("phash").type == pa.int64()
     emb_type = table.schema.field("text_embedding").type
     assert pa.types.is_fixed_size_list(emb_type) and emb_type.list_size == 384
     assert emb_type.value_type == pa.float32()
@@ -85,6 +94,18 @@ def test_mixed_real_input_end_to_end(ray_local, mixed_input, tmp_path):
     success = json.loads((out / "_SUCCESS").read_text())
     assert success["rows_by_status"] == {"ok": 13, "rejected": 2, "error": 4}
     assert success["complete"] is True
+    # every data and quarantine file carries the job's key-value metadata (from a worker)
+    for pid, m in markers.items():
+        for rel in [f for f in m.files if f.endswith(".parquet")]:
+            kv = {k.decode(): v.decode() for k, v in pq.read_metadata(out / rel).metadata.items()}
+            assert kv["mmpipe.fingerprint"] == m.fingerprint and kv["mmpipe.partition_id"] == pid
+            assert kv["mmpipe.attempt_id"] == m.attempt_id and "ARROW:schema" in kv
+            assert kv["mmpipe.version"] == importlib.metadata.version("mmpipe")
+            assert json.loads(kv["mmpipe.spec"])["source"]["uri"] == str(mixed_input)
+    # pipeline.read_output: the committed files alone (Ray Data's read_parquet of
+    # dataset.files is the README's recipe; it costs ~15 s here, so it is not run)
+    assert pipeline.read_output(str(out)).to_table().to_pandas().shape[0] == 19
+    assert pipeline.read_output(str(out), kind="quarantine").count_rows() == 4
 
 
 def test_rerun_skips_committed_partitions_and_modes(ray_local, mixed_input, tmp_path):

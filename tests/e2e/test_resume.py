@@ -1,19 +1,24 @@
-"""SIGKILL the driver mid-job, run again on a fresh Ray: only uncommitted partitions run,
-and the output equals a clean run's - on the local filesystem and on S3 (markers alone)."""
+"""SIGKILL the driver mid-job, run again on a fresh Ray: the killed run's leftover local Ray
+is stopped, only uncommitted partitions run, and the output equals a clean run's - on the
+local filesystem and on S3 (markers alone)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from pipeline.io import fs
-from tests.conftest import PHOTOS, upload_dir
-from tests.e2e.jobs import PARTITIONS, assert_same_output, finish, markers, mmpipe_run
+from pipeline.runtime.local_ray import session_processes
+from tests.conftest import PHOTOS, coco_captions, upload_dir
+from tests.e2e.jobs import (PARTITIONS, assert_same_output, finish, markers, mmpipe_run,
+                            rows_by_key)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -32,8 +37,9 @@ def test_killed_driver_resumes_only_uncommitted_partitions(storage, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     out = f"{root}/killed"
-    proc = mmpipe_run(out, home, env, input_uri, stdout=subprocess.DEVNULL,
-                      stderr=subprocess.DEVNULL)
+    killed_log = tmp_path / "killed.log"
+    with open(killed_log, "w") as log:
+        proc = mmpipe_run(out, home, env, input_uri, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 240
     while time.time() < deadline and len(markers(out)) < 3:
         assert proc.poll() is None, "the job ended before it could be killed"
@@ -41,15 +47,23 @@ def test_killed_driver_resumes_only_uncommitted_partitions(storage, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)          # the driver only, mid-job
     proc.wait()
     time.sleep(2)
-    os.killpg(proc.pid, signal.SIGKILL)        # then the whole local Ray it started
-    time.sleep(1)
     before = markers(out)
     assert 3 <= len(before) < PARTITIONS, f"{len(before)} partitions committed before the kill"
     assert not fs.exists(f"{out}/_SUCCESS")
+    # the local Ray it started outlives it (its agents and workers), until the next local run
+    session = str(Path(re.search(r"worker logs: (\S+)", killed_log.read_text()).group(1)).parent)
+    assert session_processes(session), "kill -9 of the driver left no Ray process to clean up"
 
     report_path = tmp_path / "report.json"
-    finish(mmpipe_run(out, home, env, input_uri, report_path, stdout=subprocess.PIPE,
-                      stderr=subprocess.STDOUT, text=True))
+    try:
+        rerun = finish(mmpipe_run(out, home, env, input_uri, report_path, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True))
+    finally:
+        left = session_processes(session)
+        for p in left:
+            p.kill()
+    assert not left, [p.name() for p in left]
+    assert "processes of a local Ray left by a killed mmpipe run" in rerun, rerun
     report = json.loads(report_path.read_text())
     assert sorted(report["partitions_skipped"]) == sorted(before)
     assert len(report["partitions_committed"]) == PARTITIONS - len(before)
@@ -63,3 +77,10 @@ def test_killed_driver_resumes_only_uncommitted_partitions(storage, tmp_path):
     finish(mmpipe_run(clean, home, env, input_uri, stdout=subprocess.PIPE,
                       stderr=subprocess.STDOUT, text=True))
     assert_same_output(out, clean)
+    # every caption of the manifest; source_uri as the input was given: relative to the
+    # working directory for the quickstart's relative source.uri, else s3://
+    base = input_uri.rsplit("/", 1)[0] + "/" if input_uri else "data/photos/"
+    want = {r["key"]: r for r in coco_captions()}
+    for key, row in rows_by_key(out).items():
+        assert row["captions"] == want[key]["captions"] and len(row["captions"]) == 5
+        assert row["source_uri"] == base + want[key]["file"]

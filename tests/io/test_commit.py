@@ -38,10 +38,11 @@ def test_second_attempt_loses_the_race_and_deletes_its_files(mixed_input, tmp_pa
     assert pq.read_table(files[0]).num_rows == marker.rows_in == len(part.inputs)
     for rel, digest in marker.sha256.items():
         assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == digest
-    assert cli.main(["status", str(out)]) == 0
+    assert cli.main(["status", str(out), "--json"]) == 3      # a partition pending
     status = json.loads(capsys.readouterr().out)
     assert status["partitions_planned"] == 2 and status["partitions_committed"] == 1
     assert status["partitions_pending"] == 1 and status["partitions_failed"] == {}
+    assert (status["job"], status["fingerprint"], status["complete"]) == ("mmpipe-job", fp, False)
     assert sum(status["rows_by_status"].values()) == len(part.inputs)
 
 
@@ -67,6 +68,12 @@ def test_gc_on_a_relative_output_path_deletes_only_unreferenced_files(
     stray.write_bytes(b"partial")
     assert unreferenced_files("output/x") == [str(stray)]
     assert [f.rsplit("/a-", 1)[1] for f in committed_files("output/x")] == ["aaaa/part-00000.parquet"]
+    capsys.readouterr()
+    assert cli.main(["gc", "output/x", "--dry-run"]) == 0          # the default --min-age-s
+    assert capsys.readouterr().out.splitlines() == [
+        "0 unreferenced files (dry run)",
+        "1 unreferenced files younger than 3600 s not listed (a running job may still be "
+        "writing them; --min-age-s 0 includes them)"]
     assert cli.main(["gc", "output/x", "--min-age-s", "0"]) == 0
     assert not stray.exists()
     for rel in out.marker.files:

@@ -509,3 +509,13 @@ def test_profile_offsets_let_a_range_seek_instead_of_streaming_from_the_start(tm
     bad = list(manifest.read_rows(str(path), "auto", 950, 960, USED, p.columns,
                                   seek=p.offsets[-1]))
     assert [b.values["n"] for b in bad] == [list(range(950, 960))]
+
+
+def test_a_json_sidecar_beside_its_media_is_not_a_manifest(tmp_path):
+    """``x.jpg`` + ``x.json`` is a sample with its sidecar; ``rows.json`` alone is a manifest."""
+    for name in ("x.jpg", "x.json", "clip.MP4", "clip.json", "rows.json", "more.csv"):
+        (tmp_path / name).write_bytes(b"{}\n")
+    found = [Path(u).name for u, _ in manifest.list_manifests(str(tmp_path), "auto")]
+    assert found == ["more.csv", "rows.json"]
+    assert [Path(u).name for u, _ in manifest.list_manifests("data/photos", "auto")] == [
+        "captions.jsonl"]

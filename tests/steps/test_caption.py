@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 
 from pipeline.spec import CaptionSpec
-from pipeline.steps.caption import normalize_caption
+from pipeline.steps.caption import CaptionStep, normalize_caption, normalize_captions
 from tests.conftest import CASES
 
 SPEC = CaptionSpec()
@@ -37,6 +37,18 @@ def test_non_string_and_list_captions():
     assert normalize_caption(["", "  ", "second"], SPEC) == ("second", ["from_list"])
     assert normalize_caption([], SPEC) == (None, ["from_list", "missing_caption"])
     assert normalize_caption({"en": "x"}, SPEC)[1] == ["non_string_caption"]
+
+
+def test_every_caption_of_a_list_is_kept_normalised_in_order():
+    assert normalize_captions(["", " A dog. ", 7, b"caf\xe9", "\x00", ["x"], "b"], SPEC) == (
+        "A dog.", ["A dog.", "caf\u00e9", "b"], ["from_list"])
+    assert normalize_captions(" one ", SPEC) == ("one", ["one"], [])
+    assert normalize_captions(42, SPEC) == ("42", ["42"], ["non_string_caption"])
+    assert normalize_captions(None, SPEC) == (None, [], ["missing_caption"])
+    assert normalize_captions(["", "  "], SPEC) == (None, [], ["from_list", "missing_caption"])
+    assert normalize_captions(["\x00", "later"], SPEC) == ("later", ["later"], ["from_list"])
+    batch = CaptionStep(SPEC)({"_raw_caption": [["a", "b"], "c", None]})
+    assert (batch["caption"], batch["captions"]) == (["a", "c", None], [["a", "b"], ["c"], []])
 
 
 def test_t05_long_captions_are_kept_in_full_and_flagged():

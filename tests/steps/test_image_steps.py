@@ -89,7 +89,7 @@ def test_hashes_and_exact_and_near_dedup_inside_partition():
     batch = DecodeStep(DecodeSpec())(_batch(blobs, ["orig", "other", "copy", "small", "third"]))
     batch = HashStep()(batch)
     assert batch["sha256"][0] == batch["sha256"][2] != batch["sha256"][3]
-    assert all(isinstance(p, int) and 0 <= p < 2**64 for p in batch["phash"])
+    assert all(isinstance(p, int) and -2**63 <= p < 2**63 for p in batch["phash"])   # int64
     step = DedupStep(DedupSpec(max_hamming_distance=6))
     step.start_partition("p-000000")
     out = step(batch)
@@ -102,6 +102,31 @@ def test_hashes_and_exact_and_near_dedup_inside_partition():
     again = step(DecodeStep(DecodeSpec())(_batch([original])) | {"sha256": [batch["sha256"][0]],
                                                                  "phash": [batch["phash"][0]]})
     assert again[STATUS] == ["ok"]
+
+
+def test_phash_is_imagehash_bits_as_int64_and_dedup_counts_the_sign_bit():
+    """phash64 = imagehash's 64 bits (its hex string) read as two's complement; dedup
+    compares all 64 bits, so hashes that differ in the sign bit are 1 bit apart."""
+    import imagehash
+
+    for i in range(8):
+        pixels = decode_image(_photo(i)).pixels
+        unsigned = int(str(imagehash.phash(Image.fromarray(pixels))), 16)
+        got = phash64(pixels)
+        assert got == np.array([unsigned], dtype=np.uint64).view(np.int64)[0]
+        assert np.array([got], dtype=np.int64).view(np.uint64)[0] == unsigned
+    a = -2**63 + 0b1011                       # sign bit set
+    near = [a ^ 0b11, a ^ -2**63]             # 2 bits away; only the sign bit flipped
+    far = 0x0F0F_0F0F_0F0F_0F0F
+    n = 4
+    batch = {"key": ["a", "near2", "sign", "far"], "status": ["ok"] * n,
+             "reject_reason": [None] * n, "sha256": ["s0", "s1", "s2", "s3"],
+             "phash": [a] + near + [far]}
+    step = DedupStep(DedupSpec(exact=True, near=True, max_hamming_distance=2))
+    step.start_partition("p-000000")
+    out = step(batch)
+    assert out["status"] == ["ok", "rejected", "rejected", "ok"]
+    assert out["duplicate_of"][1:3] == ["a", "a"] and out["duplicate_hamming"][1:3] == [2, 1]
 
 
 def test_distinct_coco_photos_are_not_near_duplicates():

@@ -1,0 +1,72 @@
+"""Reading a job's committed output: ``read_output`` gives one ``pyarrow.dataset.Dataset``
+(for pyarrow, pandas and Ray Data) over the Parquet files the commit markers name;
+``is_output`` tells an mmpipe output from any other location (``mmpipe ls``).
+
+Only files named by a commit marker are output (DESIGN.md, commit protocol): files of
+failed, lost or zombie attempts, WebDataset shards beside the Parquet files and anything
+else under the output root are never read. ``checkpoint.committed_files(output, kind)``
+lists the named files of one kind (``data``, ``quarantine``, ``wds``).
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from pipeline.io import fs
+from pipeline.io.checkpoint import committed_files
+from pipeline.io.layout import CHECKPOINT_DIR, PLAN_FILE, OutputLayout
+
+#: Per-file Parquet key-value metadata, left out of a whole dataset's schema metadata.
+PER_FILE_KEYS = (b"mmpipe.partition_id", b"mmpipe.attempt_id")
+
+
+def is_output(output_uri: str) -> bool:
+    """True if ``output_uri`` (local path or ``s3://``) holds an mmpipe output: a file
+    under ``_plan/`` or ``_checkpoints/``. Raises ``StorageError`` if the store fails."""
+    layout = OutputLayout(output_uri)
+    return any(next(iter(fs.list_files(layout.uri(top))), None) is not None
+               for top in (posixpath.dirname(PLAN_FILE), CHECKPOINT_DIR))
+
+
+def read_output(output: str, columns: list[str] | None = None,
+                kind: str = "data") -> ds.Dataset:
+    """The committed output of a job as a ``pyarrow.dataset.Dataset``.
+
+    ``output``: the job's ``sink.uri`` (a local path or ``s3://``, read through the fs
+    layer's ``pyarrow`` filesystem). ``kind``: ``"data"`` (every row, with its status) or
+    ``"quarantine"`` (error rows with ``source_bytes``). ``columns``: read only these (the
+    schema is then these fields, in this order). The dataset holds exactly the Parquet
+    files named by commit markers, in partition order (``dataset.files``: paths on
+    ``dataset.filesystem``). Its schema's metadata holds the files' ``mmpipe.version``,
+    ``mmpipe.fingerprint`` and ``mmpipe.spec`` (the per-file ``mmpipe.partition_id`` and
+    ``mmpipe.attempt_id`` are in each file's footer only). Nothing is read until asked:
+
+    - pyarrow: ``read_output(out).to_table()`` (or ``.to_batches()``, ``.scanner(...)``)
+    - pandas: ``read_output(out).to_table().to_pandas()``
+    - Ray Data: ``d = read_output(out); ray.data.read_parquet(d.files, filesystem=d.filesystem)``
+
+    Raises ``FileNotFoundError`` if ``output`` is not an mmpipe output or no file of
+    ``kind`` is committed (there is then no schema), ``ValueError`` for another ``kind`` or
+    a column the output does not have.
+    """
+    if kind not in ("data", "quarantine"):
+        raise ValueError(f"kind {kind!r}: read_output reads 'data' or 'quarantine' "
+                         "(WebDataset shards: checkpoint.committed_files(output, 'wds'))")
+    files = committed_files(output, kind)
+    if not files:
+        what = ("no committed " + kind + " files (no commit marker names one)"
+                if is_output(output) else "not an mmpipe output (no _plan/ and no _checkpoints/)")
+        raise FileNotFoundError(f"{output}: {what}")
+    fsys, _ = fs.resolve(files[0])
+    dataset = ds.dataset([fs.resolve(f)[1] for f in files], filesystem=fsys, format="parquet")
+    schema = dataset.schema
+    if columns is not None:
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise ValueError(f"{output}: no column(s) {missing} (columns: {schema.names})")
+    fields = [schema.field(c) for c in columns] if columns is not None else list(schema)
+    meta = {k: v for k, v in (schema.metadata or {}).items() if k not in PER_FILE_KEYS}
+    return dataset.replace_schema(pa.schema(fields, metadata=meta or None))

@@ -1,0 +1,209 @@
+"""Connecting ``mmpipe run`` to Ray quietly, and cleaning up a local Ray a killed run left.
+
+``start`` calls ``ray.init`` with the knobs that keep a terminal readable:
+- worker log lines stay in the session's log files (``log_to_driver=False``) unless
+  ``verbose``; where they are is logged once (``worker logs: DIR``);
+- Ray's warning that it turned token authentication on (printed by every ``ray.init``
+  that starts a local Ray, or joins a cluster with a token at hand) is dropped by a logging
+  filter: it needs no action. Authentication itself is left as Ray sets it; the warning
+  that it is *off* is kept;
+- when stderr is not a terminal, ``RAY_COLOR_PREFIX=0`` and ``RAY_DEDUP_LOGS=0``, so
+  forwarded worker lines carry no ANSI colour codes (Ray's ``print_worker_logs`` colours the
+  prefix, its log deduplication the ``[repeated Nx]`` note); Ray reads the second when it is
+  imported, so call ``quiet_env()`` before ``import ray``;
+- the dashboard of a local Ray only with ``dashboard=True``, bound to 127.0.0.1.
+
+A local Ray started here is recorded in ``~/.cache/mmpipe/local-ray/<driver pid>.json``
+(driver pid and start time, session directory) until ``shutdown``. A driver killed with
+``kill -9`` never removes it: its GCS and raylet die with it (Ray's kernel fate sharing),
+but the raylet's agents and workers stay. The next local ``start`` finds the record of a
+driver that is gone and stops the processes that hold files of that session's directory
+open (every process of a Ray session writes its logs there), and only those: a Ray the user
+started, or another running mmpipe's, has its own session directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = Path("~/.cache/mmpipe/local-ray")
+TERM_GRACE_S = 2.0  # Ray's agents can ignore SIGTERM once their raylet is gone: then SIGKILL
+
+
+@dataclasses.dataclass
+class RaySession:
+    """What ``start`` connected to: ``local`` (a Ray started by this process), the
+    session's ``logs_dir`` (on this machine when local; on the head node otherwise),
+    the ``dashboard_url`` (``http://127.0.0.1:8265``) or None, and the ``state_file``
+    recording a local Ray (None otherwise)."""
+
+    local: bool
+    logs_dir: str | None = None
+    dashboard_url: str | None = None
+    state_file: Path | None = None
+
+
+def start(address: str | None, *, dashboard: bool = False, verbose: bool = False,
+          runtime_env: dict | None = None) -> RaySession:
+    """``ray.init`` for ``mmpipe run``: a new local Ray when ``address`` is None or
+    ``"local"``, else join the cluster at ``address``. Logs where worker logs go and, if
+    started, the dashboard's URL (``dashboard`` applies to a local Ray; without Ray's
+    dashboard packages it logs so and goes on without one)."""
+    import ray
+
+    local = address in (None, "local")
+    quiet_env()
+    if local:
+        cleanup_stale()
+    kwargs: dict = {}
+    if local:
+        kwargs["include_dashboard"] = dashboard and _dashboard_available()
+        if kwargs["include_dashboard"]:
+            kwargs["dashboard_host"] = "127.0.0.1"
+    ctx = ray.init(address=address, logging_level=logging.WARNING, log_to_driver=verbose,
+                   runtime_env=runtime_env, **kwargs)
+    node = ray._private.worker.global_worker.node  # noqa: SLF001 - Ray has no public getter
+    session = RaySession(local, logs_dir=node.get_logs_dir_path() if node else None)
+    if local:
+        session.state_file = _record(node.get_session_dir_path())
+    if ctx.dashboard_url and (kwargs.get("include_dashboard") or not local):
+        session.dashboard_url = ("" if "://" in ctx.dashboard_url else "http://") + ctx.dashboard_url
+        log.info("dashboard: %s", session.dashboard_url)
+    where = session.logs_dir if local else f"{session.logs_dir} on each node of the cluster"
+    log.info("worker logs: %s%s", where, "" if verbose else " (--verbose shows them here)")
+    return session
+
+
+def shutdown(session: RaySession | None) -> None:
+    """``ray.shutdown()`` and forget the local Ray's record."""
+    import ray
+
+    ray.shutdown()
+    if session is not None and session.state_file is not None:
+        session.state_file.unlink(missing_ok=True)
+
+
+def cleanup_stale(state_dir: Path | None = None) -> int:
+    """Stop the processes left by local Rays whose mmpipe driver is gone (records in
+    ``state_dir``, default ``STATE_DIR``); return how many were stopped. A record whose
+    driver still runs is left alone."""
+    state_dir = (state_dir or STATE_DIR).expanduser()
+    stopped = 0
+    for path in sorted(state_dir.glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            path.unlink(missing_ok=True)
+            continue
+        if _alive(rec.get("driver_pid"), rec.get("driver_started")):
+            continue
+        procs = session_processes(rec["session_dir"])
+        if procs:
+            _stop(procs)
+            stopped += len(procs)
+            log.warning("stopped %d processes of a local Ray left by a killed mmpipe run "
+                        "(driver pid %s, %s)", len(procs), rec.get("driver_pid"),
+                        rec["session_dir"])
+        path.unlink(missing_ok=True)
+    return stopped
+
+
+def session_processes(session_dir: str) -> list[psutil.Process]:
+    """This user's live processes (this one excepted) with a file under ``session_dir``
+    open: every Ray process of that session (GCS, raylet, agents, workers) has its logs
+    there."""
+    prefix = os.path.realpath(session_dir).rstrip("/") + "/"
+    found = []
+    for p in psutil.process_iter(["uids", "status"]):
+        try:
+            if (p.pid == os.getpid() or p.info["uids"] is None
+                    or p.info["uids"].real != os.getuid()
+                    or p.info["status"] == psutil.STATUS_ZOMBIE):
+                continue
+            if any(os.path.realpath(f.path).startswith(prefix) for f in p.open_files()):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _stop(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=TERM_GRACE_S)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=TERM_GRACE_S)
+
+
+def _alive(pid: int | None, started: float | None) -> bool:
+    try:
+        return pid is not None and abs(psutil.Process(pid).create_time() - (started or 0)) < 1
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _record(session_dir: str) -> Path | None:
+    """Write this driver's local-Ray record; None (and a debug line) if that fails."""
+    state_dir = STATE_DIR.expanduser()
+    path = state_dir / f"{os.getpid()}.json"
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"driver_pid": os.getpid(),
+                                    "driver_started": psutil.Process().create_time(),
+                                    "session_dir": session_dir, "recorded_at": time.time()}))
+    except OSError as e:
+        log.debug("cannot record the local Ray in %s: %s", path, e)
+        return None
+    return path
+
+
+class _DropAuthEnabledNotice(logging.Filter):
+    """Drops Ray's "Token authentication is enabled for this Ray cluster" warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(AUTH_ENABLED_NOTICE)
+
+
+AUTH_ENABLED_NOTICE = "Token authentication is enabled for this Ray cluster"
+AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def quiet_env() -> None:
+    """Install the logging filter and set the environment variables Ray reads (module
+    docstring); idempotent. Call it before ``import ray`` (``start`` calls it too)."""
+    auth = logging.getLogger(AUTH_LOGGER)
+    if not any(isinstance(f, _DropAuthEnabledNotice) for f in auth.filters):
+        auth.addFilter(_DropAuthEnabledNotice())
+    if not sys.stderr.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def _dashboard_available() -> bool:
+    """Whether Ray's dashboard packages are installed (Ray's own check: importing
+    ``ray.dashboard.optional_deps``); logs one line if not."""
+    try:
+        importlib.import_module("ray.dashboard.optional_deps")
+        return True
+    except ImportError as e:
+        log.warning("dashboard: not started, Ray's dashboard packages are missing (%s); "
+                    "pip install 'ray[default]' to have it", e)
+        return False

@@ -1,0 +1,119 @@
+"""``mmpipe status OUTPUT``: what an output holds, from its plan and commit markers alone.
+
+``output_status(uri)`` reads ``_plan/`` (the partitions and input totals), the commit
+markers (``_checkpoints/``), the failure records (``_failures/``) and ``_SUCCESS`` if
+there is one; no Ray, no data files. ``format_status`` prints it for people,
+``exit_code`` maps it to the command's exit code (``EXIT_*``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pipeline.errors import MmpipeError
+from pipeline.io import fs
+from pipeline.io.checkpoint import CheckpointStore
+from pipeline.io.layout import OutputLayout
+from pipeline.io.output import is_output
+from pipeline.io.plan import read_plan
+
+#: Exit codes of ``mmpipe status``: every planned partition committed (and the rows out
+#: equal the records planned); some partition failed (``_failures/``); not an mmpipe
+#: output; no failure, but partitions still pending (a running or interrupted job).
+EXIT_COMPLETE, EXIT_FAILED, EXIT_NOT_AN_OUTPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
+
+
+class NotAnOutput(MmpipeError):
+    """The location holds neither ``_plan/`` nor ``_checkpoints/``."""
+
+
+def output_status(output_uri: str) -> dict[str, Any]:
+    """The status of an output as a JSON-ready dict.
+
+    Keys: ``output``; ``job`` (the spec's ``name``, from ``_SUCCESS`` or the commit
+    markers; None if neither says); ``fingerprint`` (of the committed partitions; None if
+    none is committed, a comma-separated list if they disagree); ``complete``;
+    ``inputs`` (the plan's totals: ``inputs``, ``rows`` planned, ``unread_by_extension``,
+    ...); ``rows_out``; ``partitions_planned``, ``partitions_committed``,
+    ``partitions_failed`` (partition id -> last error), ``partitions_pending``;
+    ``rows_by_status``. Raises ``NotAnOutput`` if there is no ``_plan/`` and no
+    ``_checkpoints/`` at ``output_uri``.
+    """
+    if not is_output(output_uri):
+        raise NotAnOutput(f"{output_uri} is not an mmpipe output (no _plan/ or _checkpoints/)")
+    layout = OutputLayout(output_uri)
+    plan = read_plan(output_uri)
+    store = CheckpointStore(output_uri)
+    markers = store.markers()
+    failures = store.failures()
+    success = _read_json(layout.success)
+    total = len(plan) if plan else 0
+    rows: dict[str, int] = {}
+    for m in markers.values():
+        for k, v in m.rows_by_status.items():
+            rows[k] = rows.get(k, 0) + v
+    inputs = plan.totals() if plan else {}
+    rows_out = sum(m.rows_in for m in markers.values())
+    planned_rows = inputs.get("rows")
+    fingerprints = sorted({m.fingerprint for m in markers.values()})
+    names = sorted({m.job for m in markers.values() if m.job})
+    return {
+        "output": output_uri,
+        "job": success.get("job") or (", ".join(names) if names else None),
+        "fingerprint": ", ".join(fingerprints) or success.get("fingerprint"),
+        "complete": bool(plan) and not failures and len(markers) == total
+        and (planned_rows is None or planned_rows == rows_out),
+        "inputs": inputs,
+        "rows_out": rows_out,
+        "partitions_planned": total,
+        "partitions_committed": len(markers),
+        "partitions_failed": {p: f.get("error", "") for p, f in sorted(failures.items())},
+        "partitions_pending": max(0, total - len(markers) - len(failures)),
+        "rows_by_status": rows,
+    }
+
+
+def _read_json(uri: str) -> dict[str, Any]:
+    try:
+        return json.loads(fs.read_bytes(uri))
+    except FileNotFoundError:
+        return {}
+
+
+def exit_code(status: dict[str, Any]) -> int:
+    """``EXIT_FAILED`` if a partition failed, else ``EXIT_COMPLETE`` when complete, else
+    ``EXIT_INCOMPLETE``."""
+    if status["partitions_failed"]:
+        return EXIT_FAILED
+    return EXIT_COMPLETE if status["complete"] else EXIT_INCOMPLETE
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """A few lines for people (``mmpipe status`` without ``--json``)."""
+    s, inputs = status, status["inputs"]
+    if s["complete"]:
+        state = "complete"
+    elif s["partitions_failed"]:
+        state = f"INCOMPLETE: {len(s['partitions_failed'])} partitions failed"
+    else:
+        state = f"incomplete: {s['partitions_pending']} partitions pending"
+    planned = inputs.get("rows")
+    by_status = s["rows_by_status"]
+    job = repr(s["job"]) if s["job"] else "(name not recorded)"
+    lines = [
+        f"job {job}: {state} (fingerprint {s['fingerprint'] or '-'})",
+        f"  partitions: {s['partitions_planned']} planned, {s['partitions_committed']} "
+        f"committed, {len(s['partitions_failed'])} failed, {s['partitions_pending']} pending",
+        f"  input: {inputs.get('inputs', 0)} inputs, {'?' if planned is None else planned} "
+        f"records planned, {s['rows_out']} rows out",
+        "  rows: " + " ".join(f"{k}={by_status.get(k, 0)}" for k in ("ok", "rejected", "error")),
+    ]
+    unread = inputs.get("unread_by_extension") or {}
+    if unread:
+        lines.append("  not read (extension not listed or not a supported container): "
+                     + ", ".join(f"{ext or '(none)'}={n}" for ext, n in sorted(unread.items())))
+    lines += [f"  warning: {w}" for w in inputs.get("warnings", [])]
+    lines += [f"  FAILED {pid}: {err}" for pid, err in s["partitions_failed"].items()]
+    lines.append(f"  output: {s['output']}")
+    return "\n".join(lines)
