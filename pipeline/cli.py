@@ -109,7 +109,7 @@ def cmd_ls(args) -> int:
     from pipeline.io.output import is_output
 
     if not is_output(args.output):
-        print(f"error: {args.output}: not an mmpipe output (no _plan/ and no _checkpoints/)",
+        print(f"error: {args.output} is not an mmpipe output (no _plan/ or _checkpoints/)",
               file=sys.stderr)
         return 2
     for uri in committed_files(args.output, args.kind):

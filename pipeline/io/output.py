@@ -58,8 +58,8 @@ def read_output(output: str, columns: list[str] | None = None,
     files = committed_files(output, kind)
     if not files:
         what = ("no committed " + kind + " files (no commit marker names one)"
-                if is_output(output) else "not an mmpipe output (no _plan/ and no _checkpoints/)")
-        raise FileNotFoundError(f"{output}: {what}")
+                if is_output(output) else "is not an mmpipe output (no _plan/ or _checkpoints/)")
+        raise FileNotFoundError(f"{output}{' ' if what.startswith('is ') else ': '}{what}")
     fsys, _ = fs.resolve(files[0])
     dataset = ds.dataset([fs.resolve(f)[1] for f in files], filesystem=fsys, format="parquet")
     schema = dataset.schema

@@ -12,7 +12,7 @@ are pruned by ``partition_id`` statistics).
 
 The footer metadata of ``plan.parquet`` holds the sha256 of the listing and of the source
 spec (so a resumed job can say whether the input changed since planning, and refuse a plan
-made for another source spec), the input totals (``inputs``: items listed; ``rows``:
+made for another source spec), the input totals (``inputs``: objects listed — media files, shards, manifest files; ``rows``:
 records planned, or null when some are known only once read, as WebDataset samples) and
 the datasource's own planning record (``Datasource.plan_metadata``: objects not read by
 extension, a manifest's carried columns), handed to every ``Partition``.
@@ -154,6 +154,7 @@ def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec,
     ids: list[str] = []
     rows: list[int] = []
     n_inputs: list[int] = []
+    objects, last_uri = 0, None  # distinct objects: a manifest's row ranges are one
     extra: dict[str, str] = {}
     buffer: dict[str, list] = {n: [] for n in _SCHEMA.names}
     writer = _writer(OutputLayout(output_uri).plan, _SCHEMA)
@@ -164,6 +165,7 @@ def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec,
             rows.append(part.rows_planned)
             n_inputs.append(len(part.inputs))
             for i in part.inputs:
+                objects, last_uri = objects + (i.uri != last_uri), i.uri
                 for name, value in zip(_SCHEMA.names, (
                         part.partition_id, _encode(i.uri), i.size_bytes, _encode(i.caption_uri),
                         i.row_start, i.row_stop, i.key, i.error, i.byte_start, i.line_start)):
@@ -177,7 +179,7 @@ def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec,
             raise PlanError(f"nothing to plan: the input {spec.uri!r} is empty")
         extra = datasource_metadata() if datasource_metadata else {}
         plan = PartitionPlan(output_uri, tuple(ids), tuple(rows), listing.hexdigest(),
-                             source_sha256(spec), sum(n_inputs),
+                             source_sha256(spec), objects,
                              sum(rows) if rows_known else None, extra)
         writer.add_key_value_metadata({
             "listing_sha256": plan.listing_sha256, "source_sha256": plan.source_sha256,

@@ -119,9 +119,15 @@ class JobReport:
 
     def _format_inputs(self) -> str:
         planned = self.inputs.get("rows")
-        return (f"  input: {self.inputs.get('inputs', 0)} inputs, "
+        return (f"  input: {objects_phrase(self.inputs.get('inputs', 0))}, "
                 f"{'?' if planned is None else planned} records planned, "
                 f"{self.rows_out} rows out")
+
+
+def objects_phrase(n: int) -> str:
+    """``1 object`` / ``57 objects``: the input objects planned (media files, shards or
+    manifest files; a manifest's rows are records, not objects)."""
+    return f"{n} object{'' if n == 1 else 's'}"
 
 
 def format_model_actor(stats: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from pipeline.io.checkpoint import CheckpointStore
 from pipeline.io.layout import OutputLayout
 from pipeline.io.output import is_output
 from pipeline.io.plan import read_plan
+from pipeline.runtime.report import objects_phrase
 
 #: Exit codes of ``mmpipe status``: every planned partition committed (and the rows out
 #: equal the records planned); some partition failed (``_failures/``); not an mmpipe
@@ -105,7 +106,7 @@ def format_status(status: dict[str, Any]) -> str:
         f"job {job}: {state} (fingerprint {s['fingerprint'] or '-'})",
         f"  partitions: {s['partitions_planned']} planned, {s['partitions_committed']} "
         f"committed, {len(s['partitions_failed'])} failed, {s['partitions_pending']} pending",
-        f"  input: {inputs.get('inputs', 0)} inputs, {'?' if planned is None else planned} "
+        f"  input: {objects_phrase(inputs.get('inputs', 0))}, {'?' if planned is None else planned} "
         f"records planned, {s['rows_out']} rows out",
         "  rows: " + " ".join(f"{k}={by_status.get(k, 0)}" for k in ("ok", "rejected", "error")),
     ]

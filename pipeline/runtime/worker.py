@@ -14,6 +14,7 @@ from pipeline.io.plan import read_partition
 from pipeline.runtime import chaos, metrics
 from pipeline.runtime.model_pool import worker_models
 from pipeline.runtime.partition import AttemptOutcome, run_partition
+from pipeline.runtime.report import objects_phrase
 from pipeline.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,10 @@ class PartitionWorker:
         chaos.maybe_kill_worker(partition_id)
         partition = read_partition(self.spec.sink.uri, partition_id)
         planned = self.pipeline.datasource.rows_planned(partition)
-        log.info("partition %s: attempt %s started (%s records, %d inputs)",
+        log.info("partition %s: attempt %s started (%s records from %s)",
                  partition.partition_id, attempt_id,
-                 "?" if planned is None else planned, len(partition.inputs))
+                 "?" if planned is None else planned,
+                 objects_phrase(len({i.uri for i in partition.inputs})))
         try:
             out = run_partition(self.pipeline, partition, attempt_id, self.pool,
                                 ran_on={"worker": f"PartitionWorker-{self.index}",

@@ -82,6 +82,18 @@ def test_unread_objects_are_counted_by_extension_and_stored_in_the_plan(tmp_path
     assert json.loads(part.plan_metadata["unread_by_extension"]) == {"": 1, ".txt": 1, ".xyz": 1}
 
 
+def test_a_manifest_is_one_input_object_however_many_partitions_it_fills(tmp_path):
+    """The quickstart manifest (57 rows) in partitions of 15: 1 object, 57 records, 4 partitions."""
+    spec = SourceSpec(kind="manifest", uri=str(PHOTOS / "captions.jsonl"), path_column="file",
+                      caption_column="captions", partition_size=15)
+    src = make_datasource(spec, DecodeSpec())
+    plan = planning.write_plan(str(tmp_path), src.list_inputs(), spec,
+                               src.items_per_partition, src.plan_metadata)
+    assert (plan.totals()["inputs"], plan.totals()["rows"]) == (1, 57)
+    assert plan.rows_planned == (15, 15, 15, 12)
+    assert planning.read_plan(str(tmp_path)).totals()["inputs"] == 1
+
+
 class _DroppingDatasource(FilesDatasource):
     """A broken datasource: loses the last record of every batch."""
 

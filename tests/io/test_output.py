@@ -127,8 +127,8 @@ def test_mmpipe_ls_prints_committed_files_only(quickstart, tmp_path, capsys):
     for not_output in (tmp_path, tmp_path / "missing", out / "data"):
         assert cli.main(["ls", str(not_output)]) == 2
         err = capsys.readouterr().err
-        assert err == (f"error: {not_output}: not an mmpipe output "
-                       "(no _plan/ and no _checkpoints/)\n")
+        assert err == (f"error: {not_output} is not an mmpipe output "
+                       "(no _plan/ or _checkpoints/)\n")
 
 
 def test_read_output_reads_committed_parquet_only(quickstart, tmp_path):

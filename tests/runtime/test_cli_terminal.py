@@ -79,7 +79,7 @@ def test_ctrl_c_then_sigterm_stop_cleanly_and_the_rerun_resumes(tmp_path):
     assert len(progress) >= 3 and progress[-1][0] >= 6, text         # counted in records
     logs = Path(re.search(r"worker logs: (\S+)", text).group(1))
     worker_lines = "".join(f.read_text(errors="replace") for f in logs.glob("worker-*"))
-    assert re.search(r"partition p-\d+: attempt \w+ started \(3 records, 1 inputs\)",
+    assert re.search(r"partition p-\d+: attempt \w+ started \(3 records from 1 object\)",
                      worker_lines)                    # the worker's lines, in its log file
     first = {p: m.attempt_id for p, m in CheckpointStore(str(out)).markers().items()}
 
