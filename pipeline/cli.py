@@ -55,7 +55,8 @@ def cmd_run(args) -> int:
     local_ray.quiet_env()  # before Ray is imported: it reads some settings then
     from pipeline.runtime.driver import run_job  # heavy (ray): only for commands that need it
 
-    address = args.address or os.environ.get("RAY_ADDRESS") or None
+    # no address: a Ray of our own ("local"), never a `ray start` cluster joined unasked
+    address = args.address or os.environ.get("RAY_ADDRESS") or "local"
     session = None
     try:
         session = local_ray.start(address, dashboard=args.dashboard, verbose=args.verbose,
@@ -134,10 +135,14 @@ def cmd_submit(args) -> int:
     from pipeline.assembly import fingerprint
     from pipeline.runtime import submit
 
-    for what, uri in (("source.uri", spec.source.uri), ("sink.uri", spec.sink.uri)):
-        if "://" not in uri and not os.path.isabs(uri):
-            log.warning("%s %r is relative: on the cluster it resolves inside the job's "
-                        "working_dir; use an absolute path or s3:// for output you keep", what, uri)
+    out = spec.sink.uri
+    if "://" not in out and not os.path.isabs(out):
+        log.warning("sink.uri %r is relative: on the cluster it resolves inside the job's "
+                    "working_dir, which Ray deletes; use an absolute path or s3:// for "
+                    "output you keep", out)
+    if args.installed and "://" not in spec.source.uri and not os.path.isabs(spec.source.uri):
+        log.warning("source.uri %r is relative and --installed uploads only the spec: use an "
+                    "absolute path or s3://", spec.source.uri)
     from pipeline.runtime.preflight import submit_checks
 
     # local paths that the job will see as they are here (exit 2 before any upload)
@@ -190,7 +195,9 @@ def cmd_stop(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmpipe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="mmpipe", description="mmpipe: multimodal ETL on Ray (images, videos, captions -> "
+        "Parquet/WebDataset). Exit codes: 0 ok, 1 a partition failed, 2 bad spec or input/output.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check a job spec; exit 2 naming the bad field")

@@ -15,6 +15,7 @@ import posixpath
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from pipeline.columns import SOURCE_BYTES_OUT, lookup
 from pipeline.io import fs
 from pipeline.io.checkpoint import committed_files
 from pipeline.io.layout import CHECKPOINT_DIR, PLAN_FILE, OutputLayout
@@ -48,20 +49,29 @@ def read_output(output: str, columns: list[str] | None = None,
     - pandas: ``read_output(out).to_table().to_pandas()``
     - Ray Data: ``d = read_output(out); ray.data.read_parquet(d.files, filesystem=d.filesystem)``
 
-    Raises ``FileNotFoundError`` if ``output`` is not an mmpipe output or no file of
-    ``kind`` is committed (there is then no schema), ``ValueError`` for another ``kind`` or
-    a column the output does not have.
+    A committed output with no quarantine file (no error rows) gives an empty quarantine
+    dataset: the data files' schema plus ``source_bytes``, no files, 0 rows.
+
+    Raises ``FileNotFoundError`` if ``output`` is not an mmpipe output or nothing is
+    committed (there is then no schema), ``ValueError`` for another ``kind`` or a column the
+    output does not have.
     """
     if kind not in ("data", "quarantine"):
         raise ValueError(f"kind {kind!r}: read_output reads 'data' or 'quarantine' "
                          "(WebDataset shards: checkpoint.committed_files(output, 'wds'))")
     files = committed_files(output, kind)
-    if not files:
-        what = ("no committed " + kind + " files (no commit marker names one)"
+    if not files and kind == "quarantine":  # no error rows: empty, with the right schema
+        data = read_output(output)
+        schema = data.schema.append(lookup(SOURCE_BYTES_OUT).field())
+        dataset = ds.dataset([], schema=schema, format="parquet", filesystem=data.filesystem)
+    elif not files:
+        what = ("no committed files (no commit marker names one)"
                 if is_output(output) else "is not an mmpipe output (no _plan/ or _checkpoints/)")
         raise FileNotFoundError(f"{output}{' ' if what.startswith('is ') else ': '}{what}")
-    fsys, _ = fs.resolve(files[0])
-    dataset = ds.dataset([fs.resolve(f)[1] for f in files], filesystem=fsys, format="parquet")
+    else:
+        fsys, _ = fs.resolve(files[0])
+        dataset = ds.dataset([fs.resolve(f)[1] for f in files], filesystem=fsys,
+                             format="parquet")
     schema = dataset.schema
     if columns is not None:
         missing = [c for c in columns if c not in schema.names]

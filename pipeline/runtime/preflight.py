@@ -92,7 +92,9 @@ def _check_manifests(spec: JobSpec) -> None:
         raise PlanError(f"source.uri {src.uri!r}: source.kind is manifest but no manifest "
                         f"files{fmt} (.parquet, .csv, .jsonl; not the .json sidecars of "
                         "media files) are there; for a directory of media files with sidecar "
-                        "captions use --set source.kind=files")
+                        "captions use --set source.kind=files (with a spec written for "
+                        "files, e.g. examples/images.yaml: manifest-only fields such as "
+                        "path_column are errors there)")
 
 
 def _lists_a_file(uri: str) -> bool:

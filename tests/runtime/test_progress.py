@@ -144,3 +144,24 @@ def test_stale_local_ray_of_a_killed_driver_is_stopped_and_nothing_else(tmp_path
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_run_without_an_address_starts_its_own_ray_never_joins_one(monkeypatch):
+    """Issue 16's trial: ``ray.init(address=None)`` joins a cluster started with ``ray start``
+    on the machine, which mmpipe then recorded as its own and a later run killed. Without
+    ``--address``/``RAY_ADDRESS`` the run asks for ``"local"`` (always a new Ray)."""
+    from pipeline import cli
+
+    seen = []
+
+    def fake_start(address, **kwargs):
+        seen.append(address)
+        raise KeyboardInterrupt  # stop before any Ray starts
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(local_ray, "start", fake_start)
+    monkeypatch.setattr("pipeline.runtime.preflight.preflight", lambda spec: None)
+    args = ["run", "examples/quickstart.yaml", "--output", "/nonexistent/out"]
+    assert cli.main(args) == 130 and seen == ["local"]
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")
+    assert cli.main(args) == 130 and seen == ["local", "127.0.0.1:6390"]
