@@ -47,9 +47,9 @@ def cmd_run(args) -> int:
     spec = _load(args)
     # models come from local copies only, here as in every worker (runtime_env below)
     os.environ["HF_HUB_OFFLINE"] = "1"
-    from pipeline.runtime.preflight import preflight
+    from pipeline.runtime.preflight import nothing_to_run, preflight
 
-    preflight(spec)  # input, output and models checked before Ray starts (exit 2)
+    pipeline = preflight(spec)  # input, output and models checked before Ray starts (exit 2)
     from pipeline.runtime import local_ray, stops
 
     local_ray.quiet_env()  # before Ray is imported: it reads some settings then
@@ -59,6 +59,8 @@ def cmd_run(args) -> int:
     address = args.address or os.environ.get("RAY_ADDRESS") or "local"
     session = None
     try:
+        if nothing_to_run(spec, pipeline):  # every partition committed: report, no Ray
+            return _print_report(run_job(spec), args)
         session = local_ray.start(address, dashboard=args.dashboard, verbose=args.verbose,
                                   runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
         with stops.on_signals():  # after ray.init, whose SIGTERM handler prints a stack dump
@@ -70,6 +72,11 @@ def cmd_run(args) -> int:
         local_ray.shutdown(session)
         print(stops.summary(e), file=sys.stderr)
         return stops.exit_code()
+    return _print_report(report, args)
+
+
+def _print_report(report, args) -> int:
+    """Print the job report (and write ``--report-json``); the exit code of ``run``."""
     print(report.format())
     if args.report_json:
         with open(args.report_json, "w") as f:

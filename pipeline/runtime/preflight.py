@@ -42,6 +42,19 @@ def preflight(spec: JobSpec, models: bool = True):
     return pipeline
 
 
+def nothing_to_run(spec: JobSpec, pipeline) -> bool:
+    """True when ``runtime.mode`` is ``resume``, the output holds a plan and every planned
+    partition is committed under ``pipeline.fingerprint``: the run only reports, so it needs
+    no Ray (``driver.run_job`` touches Ray only to run partitions). A few small reads."""
+    if spec.runtime.mode != "resume":
+        return False
+    plan = planning.read_plan(spec.sink.uri)
+    if plan is None:
+        return False
+    done = committed_markers(spec.sink.uri, pipeline)
+    return all(pid in done for pid in plan.partition_ids)
+
+
 def submit_checks(spec: JobSpec, head_is_local: bool) -> None:
     """The checks of ``preflight`` that hold where a submitted job runs (``mmpipe submit``).
 

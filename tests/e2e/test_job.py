@@ -10,13 +10,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 import pipeline
+from pipeline import cli
+from pipeline.assembly import assemble
 from pipeline.errors import PlanError
 from pipeline.io import plan as planning
 from pipeline.io.checkpoint import CheckpointStore, committed_files, read_committed
 from pipeline.io.sources import make_datasource
+from pipeline.runtime import local_ray
 from pipeline.runtime.driver import run_job
+from pipeline.runtime.preflight import nothing_to_run
 from pipeline.spec import JobSpec
 from tests.conftest import CASES, PHOTOS, coco_captions
 from tests.e2e.jobs import check_accounting
@@ -108,10 +113,23 @@ def test_mixed_real_input_end_to_end(ray_local, mixed_input, tmp_path):
     assert pipeline.read_output(str(out), kind="quarantine").count_rows() == 4
 
 
-def test_rerun_skips_committed_partitions_and_modes(ray_local, mixed_input, tmp_path):
+def test_rerun_skips_committed_partitions_and_modes(ray_local, mixed_input, tmp_path,
+                                                   monkeypatch, capsys):
     out = tmp_path / "out"
     spec = make_spec(mixed_input, out, text_embedding={"enabled": False})
+    assert not nothing_to_run(spec, assemble(spec))
     first = run_job(spec)
+    assert nothing_to_run(spec, assemble(spec))
+    # `mmpipe run` of a finished job reports from the markers without starting Ray
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("started Ray for a job with nothing to run")
+
+    monkeypatch.setattr(local_ray, "start", no_ray)
+    assert cli.main(["run", str(spec_file)]) == 0
+    assert "0 committed now, 4 skipped (already committed)" in capsys.readouterr().out
     attempts = {p: m.attempt_id for p, m in CheckpointStore(str(out)).markers().items()}
     again = run_job(spec)
     assert again.partitions_committed == [] and len(again.partitions_skipped) == 4
