@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 
+from pipeline import package_version
 from pipeline.errors import MmpipeError, SpecError
 from pipeline.spec import load_spec
 
@@ -206,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mmpipe", description="mmpipe: multimodal ETL on Ray (images, videos, captions -> "
         "Parquet/WebDataset). Exit codes: 0 ok, 1 a partition failed, 2 bad spec or input/output.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"mmpipe {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check a job spec; exit 2 naming the bad field")
     _spec_args(p)

@@ -10,6 +10,7 @@ The fingerprint of a spec is computed from the assembled pipeline
 
 from __future__ import annotations
 
+import difflib
 import functools
 import typing
 from pathlib import Path
@@ -455,9 +456,36 @@ def apply_override(data: dict[str, Any], dotted: str, raw_value: str) -> None:
     node[parts[-1]] = yaml.safe_load(raw_value) if raw_value != "" else ""
 
 
-def parse_spec(data: Any, origin: str = "<spec>") -> JobSpec:
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The spec model of the section at ``loc`` (``("source",)`` -> ``SourceSpec``), or None."""
+    model: Any = JobSpec
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
+        model = next((c for c in candidates
+                      if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return None
+    return model
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """``; did you mean 'x'?`` for an unknown field close to a real one (``difflib``), or ""."""
+    model = _model_at(loc[:-1])
+    if model is None or not isinstance(loc[-1], str):
+        return ""
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def parse_spec(data: Any, origin: str = "<spec>", given: dict[str, str] | None = None) -> JobSpec:
     """Validate a spec mapping; raise ``SpecError`` naming the first bad field and value
-    (every bad field is a line of its message)."""
+    (every bad field is a line of its message; an unknown field close to a real one gets
+    ``did you mean``). ``given``: dotted field -> the command-line option that set it
+    (``--set k=v``, ``--input``), named on that field's line."""
+    given = given or {}
     if not isinstance(data, dict):
         raise SpecError(f"{origin}: a job spec must be a mapping, got {type(data).__name__}")
     try:
@@ -469,10 +497,16 @@ def parse_spec(data: Any, origin: str = "<spec>") -> JobSpec:
             cause = (err.get("ctx") or {}).get("error")
             if isinstance(cause, FieldNotApplicable):
                 for field, value, message in cause.problems:
-                    lines.append(f"{loc}.{field}: {message}")
+                    flag = next((f" [from {given[k]}]" for k in (f"{loc}.{field}", f"{loc}.kind")
+                                 if k in given), "")
+                    lines.append(f"{loc}.{field}: {message}{flag}")
                     where.append((f"{loc}.{field}", value))
                 continue
-            lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+            hint = _did_you_mean(err["loc"]) if err["type"] == "extra_forbidden" else ""
+            opt = given.get(loc) or next((v for k, v in given.items()
+                                          if k.startswith(loc + ".")), None)
+            flag = f" [from {opt}]" if opt else ""
+            lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r}){hint}{flag}")
             where.append((".".join(str(p) for p in err["loc"]), err.get("input")))
         raise SpecError(f"{origin}: invalid job spec:\n  " + "\n  ".join(lines),
                         *where[0]) from None
@@ -489,14 +523,18 @@ def load_spec(path: str | Path, overrides: list[str] = (), input_uri: str | None
     except (OSError, yaml.YAMLError) as e:
         raise SpecError(f"{path}: cannot read job spec: {e}") from None
     data = data if data is not None else {}
+    given: dict[str, str] = {}
     if isinstance(data, dict):
         if input_uri:
             data.setdefault("source", {})["uri"] = input_uri
+            given["source.uri"] = "--input"
         if output_uri:
             data.setdefault("sink", {})["uri"] = output_uri
+            given["sink.uri"] = "--output"
         for item in overrides:
             key, sep, value = item.partition("=")
             if not sep or not key:
                 raise SpecError(f"--set {item!r}: expected dotted.key=value", item, item)
             apply_override(data, key.strip(), value)
-    return parse_spec(data, str(path))
+            given[key.strip()] = f"--set {item}"
+    return parse_spec(data, str(path), given)

@@ -95,8 +95,10 @@ def test_quickstart_reused_for_a_folder_names_the_manifest_only_fields():
         load_spec(QUICKSTART, ["source.kind=files"], input_uri="data/photos")
     assert e.value.field == "source.path_column" and e.value.value == "file"
     assert str(e.value).splitlines()[1:] == [
-        "  source.path_column: 'file' does not apply to source.kind 'files' (used by: manifest)",
-        "  source.key_column: 'key' does not apply to source.kind 'files' (used by: manifest)"]
+        "  source.path_column: 'file' does not apply to source.kind 'files' (used by: manifest)"
+        " [from --set source.kind=files]",
+        "  source.key_column: 'key' does not apply to source.kind 'files' (used by: manifest)"
+        " [from --set source.kind=files]"]
 
 
 @pytest.mark.parametrize("spec, override, message", [
@@ -112,7 +114,7 @@ def test_quickstart_reused_for_a_folder_names_the_manifest_only_fields():
 def test_a_field_the_kind_does_not_use_is_an_error(spec, override, message):
     with pytest.raises(SpecError) as e:
         load_spec(spec, [override])
-    assert str(e.value).splitlines()[1:] == ["  " + message]
+    assert str(e.value).splitlines()[1:] == ["  " + message + f" [from --set {override}]"]
     assert e.value.field == override.split("=")[0]
 
 
@@ -126,3 +128,31 @@ def test_fields_left_at_their_defaults_never_error():
         assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
     spec = load_spec(WEBDATASET, ["source.partition_size=1000"])   # the default: not an error
     assert spec.source.shards_per_partition == 1
+
+
+def test_a_misspelt_field_gets_a_suggestion_and_an_override_is_named():
+    """Issue 16's trial: `max_aspect_ration` said only "Extra inputs are not permitted", and
+    errors from `--set` were attributed to the spec file alone."""
+    with pytest.raises(SpecError) as e:
+        load_spec(QUICKSTART, ["filters.max_aspect_ration=3", "resize.size_px=-3", "sourc.uri=x"])
+    lines = str(e.value).splitlines()[1:]
+    assert lines == [
+        "  resize.size_px: Input should be greater than or equal to 8 (got -3) "
+        "[from --set resize.size_px=-3]",
+        "  filters.max_aspect_ration: Extra inputs are not permitted (got 3); did you mean "
+        "'max_aspect_ratio'? [from --set filters.max_aspect_ration=3]",
+        "  sourc: Extra inputs are not permitted (got {'uri': 'x'}); did you mean 'source'? "
+        "[from --set sourc.uri=x]"]
+    with pytest.raises(SpecError, match=r"'file' does not apply .* \[from --set source.kind=files\]"):
+        load_spec(QUICKSTART, ["source.kind=files"], input_uri="data/photos")
+
+
+def test_cli_version_is_the_installed_distribution(capsys):
+    import importlib.metadata
+
+    from pipeline import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"mmpipe {importlib.metadata.version('mmpipe')}\n"
