@@ -210,18 +210,25 @@ def _scan(tf: tarfile.TarFile, size: int) -> tuple[list[_Member], str | None, st
     # tarfile stops silently at a cut or invalid header past the first member: check
     # that what follows the last member is the end-of-archive marker (a zero block).
     tf.fileobj.seek(tf.offset)
-    block = tf.fileobj.read(_BLOCK)
+    return (members, *_classify_end(tf.fileobj.read(_BLOCK), size, tf.offset, last_name))
+
+
+def _classify_end(block: bytes, size: int, offset: int,
+                  last_name: str | None) -> tuple[str | None, str | None]:
+    """``(problem, cut member name)`` from the block after a tar's last member: a whole
+    zero block is the end-of-archive marker (POSIX ustar; no problem); nothing, a short
+    block (a cut header) or a non-zero block are truncation or a bad header. ``size``:
+    bytes of the tar read; ``offset``: where ``block`` starts."""
     after = f" after member '{last_name}'" if last_name else ""
     if len(block) == _BLOCK and block == tarfile.NUL * _BLOCK:
-        return members, None, None
+        return None, None
     if not block:
-        return members, (f"tar ends at byte {size}{after} without the end-of-archive "
-                         "marker"), None
+        return f"tar ends at byte {size}{after} without the end-of-archive marker", None
     if len(block) < _BLOCK:
         name = _partial_header_name(block)
         what = f"the header of member '{name}'" if name else "a member header"
-        return members, f"tar ends at byte {size} inside {what}{after}", name
-    return members, f"invalid tar header at byte {tf.offset}{after}", None
+        return f"tar ends at byte {size} inside {what}{after}", name
+    return f"invalid tar header at byte {offset}{after}", None
 
 
 def _partial_header_name(block: bytes) -> str | None:
@@ -473,16 +480,8 @@ def _scan_stream(tf: tarfile.TarFile, src: _GzipSource,
     if failure is not None:
         return members, f"tar ends or breaks at byte {total}{after} ({failure})", None
     block = last_block[0] if last_block else b""
-    if len(block) == _BLOCK and block == tarfile.NUL * _BLOCK:
-        return members, None, None
-    if not block:
-        return members, (f"tar ends at byte {total}{after} without the end-of-archive "
-                         "marker"), None
-    if len(block) < _BLOCK:
-        cut_name = _partial_header_name(block)
-        what = f"the header of member '{cut_name}'" if cut_name else "a member header"
-        return members, f"tar ends at byte {total} inside {what}{after}", cut_name
-    return members, f"invalid tar header at byte {tf.offset}{after}", None
+    return (members, *_classify_end(block, total, tf.offset,
+                                    last.name if last is not None else None))
 
 
 def _drain(src: _GzipSource) -> Exception | None:
