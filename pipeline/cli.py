@@ -48,9 +48,9 @@ def cmd_run(args) -> int:
     spec = _load(args)
     # models come from local copies only, here as in every worker (runtime_env below)
     os.environ["HF_HUB_OFFLINE"] = "1"
-    from pipeline.runtime.preflight import nothing_to_run, preflight
+    from pipeline.runtime.preflight import preflight
 
-    pipeline = preflight(spec)  # input, output and models checked before Ray starts (exit 2)
+    checked = preflight(spec)  # input, output and models checked before Ray starts (exit 2)
     from pipeline.runtime import local_ray, stops
 
     local_ray.quiet_env()  # before Ray is imported: it reads some settings then
@@ -60,7 +60,7 @@ def cmd_run(args) -> int:
     address = args.address or os.environ.get("RAY_ADDRESS") or "local"
     session = None
     try:
-        if nothing_to_run(spec, pipeline):  # every partition committed: report, no Ray
+        if checked.nothing_to_run:  # every partition committed: report, no Ray
             return _print_report(run_job(spec), args)
         session = local_ray.start(address, dashboard=args.dashboard, verbose=args.verbose,
                                   runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})

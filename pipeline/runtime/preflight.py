@@ -12,7 +12,7 @@ Nothing here imports Ray; each check does at most a few listings and small reads
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.errors import PlanError
 from pipeline.io import fs
@@ -21,8 +21,18 @@ from pipeline.io.checkpoint import CheckpointStore, CommitMarker
 from pipeline.spec import JobSpec
 
 
-def preflight(spec: JobSpec, models: bool = True):
-    """Run every check of this module for ``spec``; return its (unbound) ``Pipeline``.
+class Preflight(NamedTuple):
+    """What ``preflight`` found: the (unbound) ``pipeline``, and ``nothing_to_run``: True when
+    every planned partition is already committed under its fingerprint (``check_output``),
+    so a run only reports and needs no Ray (``driver.run_job`` touches Ray only to run
+    partitions)."""
+
+    pipeline: Any
+    nothing_to_run: bool
+
+
+def preflight(spec: JobSpec, models: bool = True) -> Preflight:
+    """Run every check of this module for ``spec``; return what it found (``Preflight``).
 
     Checks, in order: the spec assembles (``AssemblyError``); ``source.uri`` exists and
     lists something fit for ``source.kind`` (``check_source``); the output can take this
@@ -36,23 +46,10 @@ def preflight(spec: JobSpec, models: bool = True):
     pipeline = assemble(spec)
     fs.configure(**spec.storage.model_dump())
     check_source(spec)
-    check_output(spec, pipeline)
+    done = check_output(spec, pipeline)
     if models:
         check_models(spec)
-    return pipeline
-
-
-def nothing_to_run(spec: JobSpec, pipeline) -> bool:
-    """True when ``runtime.mode`` is ``resume``, the output holds a plan and every planned
-    partition is committed under ``pipeline.fingerprint``: the run only reports, so it needs
-    no Ray (``driver.run_job`` touches Ray only to run partitions). A few small reads."""
-    if spec.runtime.mode != "resume":
-        return False
-    plan = planning.read_plan(spec.sink.uri)
-    if plan is None:
-        return False
-    done = committed_markers(spec.sink.uri, pipeline)
-    return all(pid in done for pid in plan.partition_ids)
+    return Preflight(pipeline, done)
 
 
 def submit_checks(spec: JobSpec, head_is_local: bool) -> None:
@@ -127,17 +124,21 @@ def _raise(e: OSError) -> None:
     raise e
 
 
-def check_output(spec: JobSpec, pipeline) -> None:
+def check_output(spec: JobSpec, pipeline) -> bool:
     """The output location can take this spec under ``runtime.mode``: with
     ``error-if-exists`` it is empty (``check_empty``); with ``resume`` its stored plan
     was made for this source spec and no partition was committed under another
-    fingerprint (``committed_markers``); ``overwrite`` takes anything. Raises ``PlanError``."""
+    fingerprint (``committed_markers``); ``overwrite`` takes anything. Returns True when
+    there is nothing to run (``resume``, a stored plan, every planned partition committed
+    under ``pipeline.fingerprint``). Raises ``PlanError``."""
     mode = spec.runtime.mode
     if mode == "error-if-exists":
         check_empty(spec.sink.uri)
     elif mode == "resume":
-        planning.check_stored_plan(spec.sink.uri, spec.source)
-        committed_markers(spec.sink.uri, pipeline)
+        plan = planning.check_stored_plan(spec.sink.uri, spec.source)
+        done = committed_markers(spec.sink.uri, pipeline)
+        return plan is not None and all(pid in done for pid in plan.partition_ids)
+    return False
 
 
 def check_empty(output_uri: str) -> None:

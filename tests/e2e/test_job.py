@@ -14,14 +14,13 @@ import yaml
 
 import pipeline
 from pipeline import cli
-from pipeline.assembly import assemble
 from pipeline.errors import PlanError
 from pipeline.io import plan as planning
 from pipeline.io.checkpoint import CheckpointStore, committed_files, read_committed
 from pipeline.io.sources import make_datasource
 from pipeline.runtime import local_ray
 from pipeline.runtime.driver import run_job
-from pipeline.runtime.preflight import nothing_to_run
+from pipeline.runtime.preflight import preflight
 from pipeline.spec import JobSpec
 from tests.conftest import CASES, PHOTOS, coco_captions
 from tests.e2e.jobs import check_accounting
@@ -117,9 +116,9 @@ def test_rerun_skips_committed_partitions_and_modes(ray_local, mixed_input, tmp_
                                                    monkeypatch, capsys):
     out = tmp_path / "out"
     spec = make_spec(mixed_input, out, text_embedding={"enabled": False})
-    assert not nothing_to_run(spec, assemble(spec))
+    assert not preflight(spec).nothing_to_run
     first = run_job(spec)
-    assert nothing_to_run(spec, assemble(spec))
+    assert preflight(spec).nothing_to_run
     # `mmpipe run` of a finished job reports from the markers without starting Ray
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))

@@ -90,7 +90,7 @@ def test_an_output_of_another_spec_is_refused_before_ray(spec_file, tmp_path):
     assert "1 partitions were committed under another spec fingerprint" in err
     assert "settings changed: steps.ResizeStep.size_px: 256 -> 128" in err
     # the same check in process, and the stored plan's source spec, and error-if-exists
-    assert preflight.preflight(spec).fingerprint == pipeline.fingerprint
+    assert preflight.preflight(spec).pipeline.fingerprint == pipeline.fingerprint
     other = load_spec(str(spec_file), ["source.partition_size=5"])
     with pytest.raises(PlanError, match="stored plan was made for another source spec"):
         preflight.preflight(other)

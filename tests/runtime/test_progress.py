@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from pipeline.runtime import local_ray, stops
+from pipeline.runtime.preflight import Preflight
 from pipeline.runtime.progress import Progress
 from pipeline.runtime.report import JobReport
 
@@ -160,8 +161,8 @@ def test_run_without_an_address_starts_its_own_ray_never_joins_one(monkeypatch):
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(local_ray, "start", fake_start)
-    monkeypatch.setattr("pipeline.runtime.preflight.preflight", lambda spec: None)
-    monkeypatch.setattr("pipeline.runtime.preflight.nothing_to_run", lambda spec, p: False)
+    monkeypatch.setattr("pipeline.runtime.preflight.preflight",
+                        lambda spec: Preflight(None, nothing_to_run=False))
     args = ["run", "examples/quickstart.yaml", "--output", "/nonexistent/out"]
     assert cli.main(args) == 130 and seen == ["local"]
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")
