@@ -95,17 +95,16 @@ def cmd_status(args) -> int:
 
 def cmd_gc(args) -> int:
     from pipeline.io import fs
-    from pipeline.io.checkpoint import unreferenced_files
+    from pipeline.io.checkpoint import unreferenced_by_age
 
-    garbage = unreferenced_files(args.output, args.min_age_s)
-    young = len(unreferenced_files(args.output)) - len(garbage) if args.min_age_s > 0 else 0
+    garbage, young = unreferenced_by_age(args.output, args.min_age_s)
     for uri in garbage:
         print(f"{'would delete' if args.dry_run else 'delete'} {uri}")
         if not args.dry_run:
             fs.delete_file(uri)
     print(f"{len(garbage)} unreferenced files{' (dry run)' if args.dry_run else ' deleted'}")
-    if young > 0:
-        print(f"{young} unreferenced files younger than {args.min_age_s:g} s not "
+    if young:
+        print(f"{len(young)} unreferenced files younger than {args.min_age_s:g} s not "
               f"{'listed' if args.dry_run else 'deleted'} (a running job may still be writing "
               "them; --min-age-s 0 includes them)")
     return 0

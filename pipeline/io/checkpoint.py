@@ -164,15 +164,22 @@ def unreferenced_files(output_uri: str, min_age_s: float = 0.0) -> list[str]:
     marker names: the files of failed, lost or zombie attempts - and of attempts still
     running, so only files last modified at least ``min_age_s`` seconds ago are returned
     (a file without a modification time counts as old)."""
+    return unreferenced_by_age(output_uri, min_age_s)[0]
+
+
+def unreferenced_by_age(output_uri: str, min_age_s: float) -> tuple[list[str], list[str]]:
+    """``(old, young)``: the unreferenced files (``unreferenced_files``) last modified at
+    least ``min_age_s`` seconds ago, and the younger ones, from one listing."""
     layout = OutputLayout(output_uri)  # normalised: listings give absolute paths
     named = {layout.uri(f) for m in CheckpointStore(output_uri).markers().values()
              for f in m.files}
     cutoff = time.time() - min_age_s
-    out = []
+    old, young = [], []
     for top in layout.attempt_roots():
-        out += [e.uri for e in fs.list_files(top)
-                if e.uri not in named and (e.mtime_s is None or e.mtime_s <= cutoff)]
-    return out
+        for e in fs.list_files(top):
+            if e.uri not in named:
+                (old if e.mtime_s is None or e.mtime_s <= cutoff else young).append(e.uri)
+    return old, young
 
 
 def committed_files(output_uri: str, kind: str | None = "data") -> list[str]:
