@@ -58,7 +58,7 @@ def cmd_run(args) -> int:
 
     # no address: a Ray of our own ("local"), never a `ray start` cluster joined unasked
     address = args.address or os.environ.get("RAY_ADDRESS") or "local"
-    session = None
+    session = report = None
     try:
         if checked.nothing_to_run:  # every partition committed: report, no Ray
             return _print_report(run_job(spec), args)
@@ -71,6 +71,8 @@ def cmd_run(args) -> int:
                 local_ray.shutdown(session)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line, no traceback, 130/143
         local_ray.shutdown(session)
+        if report is not None:  # the stop came after the job had finished: nothing was lost
+            return _print_report(report, args)
         print(stops.summary(e), file=sys.stderr)
         return stops.exit_code()
     return _print_report(report, args)

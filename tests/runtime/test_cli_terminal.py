@@ -25,7 +25,7 @@ def start(out: Path, home: Path, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml", "--address",
            "local", "--output", str(out), "--set", "source.partition_size=3",
            "--set", "runtime.num_workers=1", "--set", "runtime.batch_size=3",
-           "--set", "runtime.progress_interval_s=1",
+           "--set", "runtime.progress_interval_s=0.05",   # a line per partition
            "--set", "text_embedding.enabled=false"]     # no model to load: a shorter test
     with open(log, "w") as f:   # a file, as in a CI log: not a terminal
         return subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
@@ -38,6 +38,18 @@ def wait_for_markers(proc: subprocess.Popen, out: Path, n: int, timeout_s: float
     while len(CheckpointStore(str(out)).markers()) < n:
         assert proc.poll() is None, "the job ended before it could be stopped"
         assert time.time() < deadline, f"fewer than {n} partitions committed in {timeout_s}s"
+        time.sleep(0.2)
+
+
+def wait_for_progress(proc: subprocess.Popen, log: Path, records: int,
+                      timeout_s: float = 60) -> None:
+    """Wait until the driver's own progress line counts at least ``records`` records: a
+    commit marker can exist before the driver has taken that partition's result."""
+    deadline = time.time() + timeout_s
+    while not any(int(n) >= records for n in
+                  re.findall(r"progress: (\d+)/57 records", log.read_text())):
+        assert proc.poll() is None, "the job ended before it could be stopped"
+        assert time.time() < deadline, f"no progress line with {records} records in {timeout_s}s"
         time.sleep(0.2)
 
 
@@ -69,6 +81,7 @@ def test_ctrl_c_then_sigterm_stop_cleanly_and_the_rerun_resumes(tmp_path):
     # Ctrl-C: a terminal sends SIGINT to the whole foreground process group
     proc = start(out, home, tmp_path / "run1.log")
     wait_for_markers(proc, out, 2)
+    wait_for_progress(proc, tmp_path / "run1.log", 6)
     os.killpg(proc.pid, signal.SIGINT)
     text, line = stopped(proc, tmp_path / "run1.log", out)
     assert proc.returncode == 130, text
