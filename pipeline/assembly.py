@@ -34,6 +34,7 @@ from pipeline import package_version
 from pipeline.columns import (ERROR, ERROR_REASON, KEY, PARTITION_ID, REJECT_REASON, SOURCE_URI,
                               STATUS, COLUMNS, lookup, output_order)
 from pipeline.errors import AssemblyError
+from pipeline.dedup.index import IndexDatasink
 from pipeline.io.datasink import Datasink
 from pipeline.io.sinks import ParquetDatasink, QuarantineDatasink
 from pipeline.io.sources import Datasource, make_datasource
@@ -159,6 +160,8 @@ def _datasinks(spec: JobSpec) -> list[Datasink]:
     sinks: list[Datasink] = [ParquetDatasink(spec.sink.uri, spec.sink)]
     if spec.sink.quarantine:
         sinks.append(QuarantineDatasink(spec.sink.uri, spec.sink))
+    if spec.dedup.dataset.enabled:
+        sinks.append(IndexDatasink(spec.sink.uri, spec.dedup.dataset))
     if spec.sink.webdataset.enabled:
         sinks.append(WebDatasetDatasink(spec.sink.uri, spec.sink.webdataset,
                                         spec.resize.encode_format))

@@ -1,4 +1,5 @@
-"""Command line: ``mmpipe validate | run | status | ls | gc | spec | submit | logs | stop``.
+"""Command line: ``mmpipe validate | run | status | ls | gc | spec | dedup | export | submit |
+logs | stop``.
 
 Exit codes: 0 success; 1 the job ran but some partition failed (named in the report);
 2 a bad job spec or unusable input/output, reported before anything runs (``mmpipe run``
@@ -58,15 +59,19 @@ def cmd_run(args) -> int:
 
     # no address: a Ray of our own ("local"), never a `ray start` cluster joined unasked
     address = args.address or os.environ.get("RAY_ADDRESS") or "local"
-    session = report = None
+    session = report = dedup = None
     try:
-        if checked.nothing_to_run:  # every partition committed: report, no Ray
+        if checked.nothing_to_run and not _dedup_pending(spec):  # all done: no Ray
             return _print_report(run_job(spec), args)
         session = local_ray.start(address, dashboard=args.dashboard, verbose=args.verbose,
                                   runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
         with stops.on_signals():  # after ray.init, whose SIGTERM handler prints a stack dump
             try:
                 report = run_job(spec)
+                if report.complete and spec.dedup.dataset.enabled:  # the dedup pass follows
+                    from pipeline.runtime.dedup_pass import run_dedup
+
+                    dedup = run_dedup(spec.sink.uri, spec.dedup.dataset, spec.storage)
             finally:
                 local_ray.shutdown(session)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line, no traceback, 130/143
@@ -75,7 +80,79 @@ def cmd_run(args) -> int:
             return _print_report(report, args)
         print(stops.summary(e), file=sys.stderr)
         return stops.exit_code()
-    return _print_report(report, args)
+    code = _print_report(report, args)
+    if dedup is not None:
+        print(dedup.format())
+        code = code or (0 if dedup.complete else 1)
+    return code
+
+
+def _dedup_pending(spec) -> bool:
+    """True if the spec asks for the dedup pass and no complete generation of it covers
+    every committed partition."""
+    if not spec.dedup.dataset.enabled:
+        return False
+    from pipeline.dedup.store import DedupStore
+    from pipeline.io.checkpoint import CheckpointStore
+
+    done = DedupStore(spec.sink.uri).complete()
+    return done is None or set(CheckpointStore(spec.sink.uri).markers()) - set(done[0].partitions)
+
+
+def cmd_dedup(args) -> int:
+    """Run or resume the dataset-wide dedup pass over OUTPUT (settings from the job spec
+    stored in the output); exit 0 complete, 1 a task failed, 2 no hash index."""
+    from pipeline.io.output import stored_spec
+    from pipeline.runtime import local_ray, stops
+
+    try:
+        spec = stored_spec(args.output)
+    except FileNotFoundError as e:    # not an output, or nothing committed
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    dataset = spec.dedup.dataset
+    if not dataset.enabled:   # before Ray starts
+        raise SpecError(f"{args.output}: no hash index: the job ran without "
+                        "dedup.dataset.enabled (run it with that set, into a new output)",
+                        "dedup.dataset.enabled", False)
+    if args.workers:
+        dataset = dataset.model_copy(update={"workers": args.workers})
+    local_ray.quiet_env()
+    from pipeline.runtime.dedup_pass import run_dedup
+
+    address = args.address or os.environ.get("RAY_ADDRESS") or "local"
+    session = local_ray.start(address, verbose=args.verbose)
+    try:
+        with stops.on_signals():
+            report = run_dedup(args.output, dataset, spec.storage)
+    except KeyboardInterrupt:
+        local_ray.shutdown(session)
+        print("dedup stopped; run `mmpipe dedup` again to resume", file=sys.stderr)
+        return stops.exit_code()
+    local_ray.shutdown(session)
+    print(json.dumps(report.to_dict(), indent=1) if args.json else report.format())
+    return 0 if report.complete else 1
+
+
+def cmd_export(args) -> int:
+    """Write the committed output (with ``--deduplicated``: its ok rows that survive the
+    newest complete dedup pass) as Parquet files under DEST."""
+    import pyarrow.dataset as ds
+
+    from pipeline.io import fs
+    from pipeline.io.output import read_output
+
+    try:
+        view = read_output(args.output, deduplicated=args.deduplicated)
+    except FileNotFoundError as e:    # not an output, nothing committed, no dedup pass
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    fsys, path = fs.resolve(args.dest)
+    ds.write_dataset(view, path, filesystem=fsys, format="parquet",
+                     basename_template="part-{i}.parquet",
+                     existing_data_behavior="error")
+    print(f"{view.count_rows()} rows written to {args.dest}")
+    return 0
 
 
 def _print_report(report, args) -> int:
@@ -251,6 +328,24 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--markdown", action="store_true", help="the Markdown reference (default)")
     fmt.add_argument("--schema", action="store_true", help="the JSON Schema of a job spec")
     p.set_defaults(func=cmd_spec)
+    p = sub.add_parser("dedup", help="run or resume the dataset-wide dedup pass over an "
+                       "output written with dedup.dataset.enabled (exact, near, semantic)")
+    p.add_argument("output", help="output location (sink.uri)")
+    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new "
+                   "local Ray)")
+    p.add_argument("--workers", type=int, help="dedup actors (default: the spec's "
+                   "dedup.dataset.workers, else the cluster's CPUs)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="debug logging, and worker log lines shown here")
+    p.set_defaults(func=cmd_dedup)
+    p = sub.add_parser("export", help="write the committed output as Parquet files "
+                       "(--deduplicated: only ok rows that survive the dedup pass)")
+    p.add_argument("output", help="output location (sink.uri)")
+    p.add_argument("dest", help="directory or s3:// prefix to write (must not hold files)")
+    p.add_argument("--deduplicated", action="store_true", help="drop rows the newest "
+                   "complete dedup pass found duplicate, and rows whose status is not ok")
+    p.set_defaults(func=cmd_export)
     _job_commands(sub)
     return parser
 

@@ -70,8 +70,9 @@ SOURCE_FIELD_KINDS: dict[str, tuple[str, ...]] = {
 
 
 class FieldNotApplicable(ValueError):
-    """Fields a spec sets that its ``source.kind`` does not use. ``problems``: a list of
-    ``(field, value, message)``, ``field`` relative to its section (``path_column``);
+    """Fields a spec sets that its ``source.kind`` (or another setting) rules out.
+    ``problems``: a list of ``(field, value, message)``, ``field`` relative to its section
+    (``path_column``; from the root for a whole-spec rule);
     ``parse_spec`` reports each as ``<section>.<field>: <message>`` in a ``SpecError``."""
 
     def __init__(self, problems: list[tuple[str, Any, str]]):
@@ -281,13 +282,43 @@ class FilterSpec(_Strict):
         None, gt=1.0, description="Reject if max(w,h)/min(w,h) exceeds this; null disables.")
 
 
+class DatasetDedupSpec(_Strict):
+    """Dataset-wide dedup: hash index files written with each partition, and the dedup
+    pass (``mmpipe dedup``) that groups duplicates across partitions without moving
+    records (``pipeline.dedup``)."""
+
+    enabled: bool = Field(False, description="Write hash index files (`_index/`) with each "
+                          "partition and run the dedup pass after the main pass completes.")
+    buckets: int = Field(16, ge=1, le=4096, description="Hash-range buckets per index kind: "
+                         "the dedup pass's unit of work (one actor task and commit marker each).")
+    exact: bool = Field(True, description="Group rows with equal source sha256.")
+    near: bool = Field(True, description="Group rows whose pHash is within "
+                       "max_hamming_distance bits (connected components).")
+    max_hamming_distance: int = Field(4, ge=0, le=15, description="pHash Hamming threshold "
+                                      "(bits); the index splits the 64 bits into this + 1 blocks.")
+    semantic: bool = Field(False, description="SemDeDup: group rows whose image embeddings "
+                           "(image_embedding must be enabled) are within a k-means cluster "
+                           "and have cosine similarity >= semantic_threshold.")
+    semantic_clusters: int = Field(16, ge=1, description="k-means clusters (also the semantic "
+                                   "index's buckets).")
+    semantic_threshold: float = Field(0.95, gt=0, le=1, description="Cosine similarity at or "
+                                      "above which two embeddings are duplicates.")
+    semantic_sample_size: int = Field(100_000, ge=1, description="Embeddings sampled "
+                                      "(reservoir, streamed) to fit the k-means centroids.")
+    workers: int | None = Field(None, ge=1, description="Dedup actors; default: the cluster's "
+                                "CPUs. Never changes the result.")
+
+
 class DedupSpec(_Strict):
-    """Exact (sha256 of source bytes) and near (64-bit pHash) dedup inside a partition."""
+    """Exact (sha256 of source bytes) and near (64-bit pHash) dedup inside a partition, and
+    dataset-wide dedup across partitions (``dataset``)."""
 
     exact: bool = Field(True, description="Reject later rows whose source sha256 was seen.")
     near: bool = Field(True, description="Reject later rows whose pHash is within "
                        "max_hamming_distance of a kept row.")
     max_hamming_distance: int = Field(4, ge=0, le=64, description="pHash Hamming threshold (bits).")
+    dataset: DatasetDedupSpec = Field(DatasetDedupSpec(), description="Dataset-wide dedup "
+                                      "across partitions (`mmpipe dedup`).")
 
 
 class ModelServingSpec(_Strict):
@@ -435,9 +466,13 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _distinct_locations(self) -> "JobSpec":
-        """`sink.uri` must differ from `source.uri`."""
+        """`sink.uri` must differ from `source.uri`; semantic dedup needs image embeddings."""
         if self.source.uri.rstrip("/") == self.sink.uri.rstrip("/"):
             raise ValueError("sink.uri must differ from source.uri")
+        if self.dedup.dataset.semantic and not self.image_embedding.enabled:
+            raise FieldNotApplicable([("dedup.dataset.semantic", True, "needs image "
+                                       "embeddings: set image_embedding.enabled (and "
+                                       "image_embedding.model)")])
         return self
 
 
@@ -497,10 +532,11 @@ def parse_spec(data: Any, origin: str = "<spec>", given: dict[str, str] | None =
             cause = (err.get("ctx") or {}).get("error")
             if isinstance(cause, FieldNotApplicable):
                 for field, value, message in cause.problems:
-                    flag = next((f" [from {given[k]}]" for k in (f"{loc}.{field}", f"{loc}.kind")
+                    name = field if loc == "<root>" else f"{loc}.{field}"
+                    flag = next((f" [from {given[k]}]" for k in (name, f"{loc}.kind")
                                  if k in given), "")
-                    lines.append(f"{loc}.{field}: {message}{flag}")
-                    where.append((f"{loc}.{field}", value))
+                    lines.append(f"{name}: {message}{flag}")
+                    where.append((name, value))
                 continue
             hint = _did_you_mean(err["loc"]) if err["type"] == "extra_forbidden" else ""
             opt = given.get(loc) or next((v for k, v in given.items()

@@ -9,6 +9,8 @@
   data/<pid>/a-<attempt>/part-00000.parquet        data rows (every status)
   quarantine/<pid>/a-<attempt>/part-00000.parquet  error rows with their source bytes
   wds/<pid>/a-<attempt>/<pid>-000000.tar           WebDataset shards of ok rows
+  _index/<kind>/b-<bucket>/<pid>.a-<attempt>.parquet  dedup hash index (pipeline.dedup.index)
+  _dedup/                                          the dedup pass (pipeline.dedup.store)
 ```
 
 Attempt files live under attempt-unique directories, so attempts never overwrite each
@@ -29,7 +31,8 @@ CHECKPOINT_DIR = "_checkpoints"
 FAILURE_DIR = "_failures"
 SUCCESS_FILE = "_SUCCESS"
 #: Top-level directories of attempt files, by datasink name.
-ATTEMPT_ROOTS = {"parquet": "data", "quarantine": "quarantine", "webdataset": "wds"}
+ATTEMPT_ROOTS = {"parquet": "data", "quarantine": "quarantine", "webdataset": "wds",
+                 "index": "_index"}
 
 
 class OutputLayout:

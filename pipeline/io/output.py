@@ -13,6 +13,7 @@ from __future__ import annotations
 import posixpath
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from pipeline.columns import SOURCE_BYTES_OUT, lookup
@@ -32,8 +33,16 @@ def is_output(output_uri: str) -> bool:
                for top in (posixpath.dirname(PLAN_FILE), CHECKPOINT_DIR))
 
 
+def stored_spec(output: str):
+    """The ``JobSpec`` an output was written with (the ``mmpipe.spec`` metadata of its
+    committed data files). Raises ``FileNotFoundError`` as ``read_output``."""
+    from pipeline.spec import JobSpec
+
+    return JobSpec.model_validate_json(read_output(output).schema.metadata[b"mmpipe.spec"])
+
+
 def read_output(output: str, columns: list[str] | None = None,
-                kind: str = "data") -> ds.Dataset:
+                kind: str = "data", deduplicated: bool = False) -> ds.Dataset:
     """The committed output of a job as a ``pyarrow.dataset.Dataset``.
 
     ``output``: the job's ``sink.uri`` (a local path or ``s3://``, read through the fs
@@ -48,6 +57,11 @@ def read_output(output: str, columns: list[str] | None = None,
     - pyarrow: ``read_output(out).to_table()`` (or ``.to_batches()``, ``.scanner(...)``)
     - pandas: ``read_output(out).to_table().to_pandas()``
     - Ray Data: ``d = read_output(out); ray.data.read_parquet(d.files, filesystem=d.filesystem)``
+
+    ``deduplicated``: only the ``status == "ok"`` rows whose key the newest complete dedup
+    pass (``mmpipe dedup``) did not list as a duplicate (a filtered dataset; ``key`` and
+    ``status`` are added to ``columns`` if missing, the filter reads them); raises
+    ``FileNotFoundError`` if no dedup pass has completed on ``output``.
 
     A committed output with no quarantine file (no error rows) gives an empty quarantine
     dataset: the data files' schema plus ``source_bytes``, no files, 0 rows.
@@ -77,6 +91,17 @@ def read_output(output: str, columns: list[str] | None = None,
         missing = [c for c in columns if c not in schema.names]
         if missing:
             raise ValueError(f"{output}: no column(s) {missing} (columns: {schema.names})")
+    if columns is not None and deduplicated:  # the dedup filter reads these two
+        columns = list(columns) + [c for c in ("key", "status") if c not in columns]
     fields = [schema.field(c) for c in columns] if columns is not None else list(schema)
     meta = {k: v for k, v in (schema.metadata or {}).items() if k not in PER_FILE_KEYS}
+    if deduplicated:
+        from pipeline.dedup.store import latest_duplicates
+
+        dups = latest_duplicates(output)
+        if dups is None:
+            raise FileNotFoundError(f"{output}: no complete dedup pass (run `mmpipe dedup "
+                                    f"{output}`)")
+        dataset = dataset.filter((pc.field("status") == "ok")
+                                 & ~pc.field("key").isin(dups["key"].combine_chunks()))
     return dataset.replace_schema(pa.schema(fields, metadata=meta or None))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pipeline.dedup.store import summary as dedup_summary
 from pipeline.errors import MmpipeError
 from pipeline.io import fs
 from pipeline.io.checkpoint import CheckpointStore
@@ -38,7 +39,9 @@ def output_status(output_uri: str) -> dict[str, Any]:
     ``inputs`` (the plan's totals: ``inputs``, ``rows`` planned, ``unread_by_extension``,
     ...); ``rows_out``; ``partitions_planned``, ``partitions_committed``,
     ``partitions_failed`` (partition id -> last error), ``partitions_pending``;
-    ``rows_by_status``. Raises ``NotAnOutput`` if there is no ``_plan/`` and no
+    ``rows_by_status``; ``dedup`` (``pipeline.dedup.store.summary``: the newest dedup
+    generation and the duplicates of the newest complete one; None if the pass never
+    ran). Raises ``NotAnOutput`` if there is no ``_plan/`` and no
     ``_checkpoints/`` at ``output_uri``.
     """
     if not is_output(output_uri):
@@ -72,6 +75,7 @@ def output_status(output_uri: str) -> dict[str, Any]:
         "partitions_failed": {p: f.get("error", "") for p, f in sorted(failures.items())},
         "partitions_pending": max(0, total - len(markers) - len(failures)),
         "rows_by_status": rows,
+        "dedup": dedup_summary(output_uri),
     }
 
 
@@ -116,5 +120,16 @@ def format_status(status: dict[str, Any]) -> str:
                      + ", ".join(f"{ext or '(none)'}={n}" for ext, n in sorted(unread.items())))
     lines += [f"  warning: {w}" for w in inputs.get("warnings", [])]
     lines += [f"  FAILED {pid}: {err}" for pid, err in s["partitions_failed"].items()]
+    d = s.get("dedup")
+    if d:
+        state = "complete" if d["complete"] else \
+            f"incomplete ({d['tasks_committed']} of {d['tasks']} bucket tasks committed)"
+        line = (f"  dedup: generation {d['generation']} over {d['partitions']} partitions "
+                f"{state}")
+        if "duplicates" in d:
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(d["by_kind"].items())) or "none"
+            line += (f"; {d['duplicates']} duplicates ({kinds}) in generation "
+                     f"{d['complete_generation']}")
+        lines.append(line)
     lines.append(f"  output: {s['output']}")
     return "\n".join(lines)

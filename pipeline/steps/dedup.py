@@ -33,7 +33,7 @@ class DedupStep(Filter):
         self.start_partition("")
 
     def settings(self):
-        return self.spec.model_dump(mode="json")
+        return self.spec.model_dump(mode="json", exclude={"dataset"})  # the index sink's
 
     def start_partition(self, partition_id: str) -> None:
         super().start_partition(partition_id)

@@ -1,0 +1,172 @@
+"""The dataset-wide dedup pass as users run it: ``mmpipe run`` with ``dedup.dataset.enabled``
+(the pass follows the main pass) and ``mmpipe dedup OUTPUT``, each on a fresh local Ray,
+over copies of the bundled photos spread across partitions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.dedup.groups import PAIRS_SCHEMA
+from pipeline.dedup.store import DedupStore, latest_duplicates
+from pipeline.io.output import read_output
+from tests.conftest import REPO
+from tests.dedup.copies import PHOTOS, byte_copies, near_copies, stem
+from tests.e2e.jobs import clean_ray_env
+
+SPEC = """\
+name: dedup-copies
+source: {{kind: files, uri: {inp}, partition_size: 32}}
+sink: {{uri: {out}}}
+resize: {{size_px: 32}}
+text_embedding: {{enabled: false}}
+dedup:
+  dataset: {{enabled: true, buckets: 4}}
+runtime: {{batch_size: 16, num_workers: 2, max_attempts: 1}}
+"""
+
+
+def mmpipe(home: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``mmpipe ARGS`` as a user runs it (its own local Ray, HOME isolated)."""
+    home.mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, text=True,
+                          capture_output=True, timeout=600,
+                          env=clean_ray_env(HOME=str(home), HF_HUB_OFFLINE="1", **(env or {})))
+
+
+def task_attempts(out: Path, generation: int) -> dict[str, str]:
+    return {t: m.attempt_id for t, m in DedupStore(str(out)).markers(generation).items()}
+
+
+def as_map(table: pa.Table) -> dict[str, tuple]:
+    return {r["key"]: (r["duplicate_of"], r["kind"], r["hamming"]) for r in table.to_pylist()}
+
+
+def test_exact_dedup_across_partitions_is_incremental_and_independent_of_workers(
+        tmp_path, ray_local):
+    inp, out, home = byte_copies(tmp_path / "in"), tmp_path / "out", tmp_path / "home"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(inp=inp, out=out))
+
+    # partition 3 fails (its worker dies): the job is incomplete, so no dedup pass yet
+    run = mmpipe(home, "run", str(spec), env={"MMPIPE_CHAOS_KILL_WORKER_ON": "p-000003"})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert not (out / "_dedup").exists()
+    done = mmpipe(home, "dedup", str(out), "--json")       # generation 1: 21 partitions
+    assert done.returncode == 0, done.stdout + done.stderr
+    gen1 = json.loads(done.stdout)
+    assert (gen1["generation"], gen1["partitions"], gen1["complete"]) == (1, 21, True)
+    first = task_attempts(out, 1)
+
+    # the rerun commits partition 3, then dedups it against what is indexed: generation 2
+    run = mmpipe(home, "run", str(spec))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "dedup" in run.stdout and "generation 2, 22 partitions (1 new)" in run.stdout
+    assert task_attempts(out, 1) == first                  # generation 1 was not redone
+    store = DedupStore(str(out))
+    gen2_pairs = store.read_tables([f for t, m in store.markers(2).items() if "-b-" in t
+                                    for f in m.files], PAIRS_SCHEMA)
+    assert gen2_pairs.num_rows > 0
+    assert all("p-000003" in (a, b) for a, b in zip(gen2_pairs["a_partition_id"].to_pylist(),
+                                                     gen2_pairs["b_partition_id"].to_pylist()))
+
+    # 12 byte copies of 57 photos: 627 duplicates of the first copy (c00), 57 survivors
+    dups = latest_duplicates(str(out))
+    assert dups.num_rows == 684 - 57
+    assert all(d == f"c00-{stem(k)}" and kind == "exact" and ham == 0
+               for k, (d, kind, ham) in as_map(dups).items())
+    view = read_output(str(out), ["key"], deduplicated=True).to_table()
+    assert sorted(view["key"].to_pylist()) == sorted(f"c00-{p.stem}" for p in PHOTOS)
+
+    # from scratch, 1 worker in plan order and 3 workers in reverse: the same table
+    from pipeline.runtime.dedup_pass import run_dedup
+    from pipeline.spec import DatasetDedupSpec
+
+    for workers, order in ((1, "plan"), (3, "reversed")):
+        again = tmp_path / f"out-{workers}"
+        shutil.copytree(out, again, ignore=shutil.ignore_patterns("_dedup"))
+        report = run_dedup(str(again), DatasetDedupSpec(enabled=True, workers=workers),
+                           task_order=order)
+        assert report.complete and report.generation == 1
+        assert latest_duplicates(str(again)).equals(dups)
+
+
+def test_near_and_semantic_dedup_and_a_killed_pass_replays_only_its_bucket(tmp_path):
+    from pipeline.testing.tiny_models import build_tiny_models
+
+    clip = build_tiny_models(tmp_path / "models")["tiny-clip"]
+    inp, out, home = near_copies(tmp_path / "in"), tmp_path / "out", tmp_path / "home"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(inp=inp, out=out) + f"""\
+image_embedding: {{enabled: true, model: {clip}, score: false}}
+""")
+    sets = ["--set", "dedup.dataset.semantic=true", "--set", "dedup.dataset.semantic_clusters=4",
+            "--set", "dedup.dataset.semantic_threshold=0.9995"]
+    # the pass after the main pass: every attempt of one near bucket's task is killed
+    run = mmpipe(home, "run", str(spec), *sets,
+                 env={"MMPIPE_CHAOS_KILL_WORKER_ON": "near-b-0002"})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "FAILED near-b-0002" in run.stdout and "incomplete" in run.stdout, run.stdout
+    store = DedupStore(str(out))
+    before = task_attempts(out, 1)
+    assert "near-b-0002" not in before and "duplicates" not in before
+    assert {"exact-b-0000", "near-b-0000", "semantic-files"} <= set(before)
+    assert store.marker(None, "centroids") is not None
+
+    rerun = mmpipe(home, "dedup", str(out), "--json")
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    report = json.loads(rerun.stdout)
+    assert report["tasks_run"] == ["near-b-0002"] and report["complete"]
+    after = task_attempts(out, 1)
+    assert {t: after[t] for t in before} == before           # nothing else was redone
+
+    dups = as_map(latest_duplicates(str(out)))
+    # every byte copy and JPEG re-encode is grouped with its own original (c00), and
+    # nothing groups two different photos
+    for prefix in ("c01", "q60", "q75", "q90"):
+        for p in PHOTOS:
+            assert dups[f"{prefix}-{p.stem}"][0] == f"c00-{p.stem}", prefix
+    assert all(stem(k) == stem(d) for k, (d, _, _) in dups.items())
+    kinds = Counter(kind for _, kind, _ in dups.values())
+    assert kinds["exact"] == 57 and kinds["near"] >= 3 * 57
+    crops = Counter(k[:3] for k in dups if k[0] == "k")
+    print("crops grouped:", dict(crops))                     # pHash moves with the crop
+
+    # semantic pairs: identical embeddings (byte copies) pair at cosine 1 in their cluster
+    files = [f for t, m in store.markers(1).items() if t.startswith("semantic-b-")
+             for f in m.files]
+    sem = store.read_tables(files, PAIRS_SCHEMA).to_pylist()
+    assert {(r["a_key"], r["b_key"]) for r in sem if r["similarity"] >= 0.99999} >= \
+        {(f"c00-{p.stem}", f"c01-{p.stem}") for p in PHOTOS}
+    assert all(stem(r["a_key"]) == stem(r["b_key"]) for r in sem)
+
+    # status and export see the result
+    status = mmpipe(home, "status", str(out), "--json")
+    assert json.loads(status.stdout)["dedup"]["duplicates"] == len(dups)
+    exported = mmpipe(home, "export", str(out), str(tmp_path / "export"), "--deduplicated")
+    assert exported.returncode == 0, exported.stderr
+    table = pq.read_table(tmp_path / "export")
+    assert table.num_rows == 399 - len(dups) == len(set(table["key"].to_pylist()))
+    assert set(table["status"].to_pylist()) == {"ok"}
+
+
+def test_dedup_of_an_output_without_an_index_fails_naming_the_setting(tmp_path):
+    inp, out, home = tmp_path / "in", tmp_path / "out", tmp_path / "home"
+    inp.mkdir()
+    for p in PHOTOS[:3]:
+        shutil.copyfile(p, inp / p.name)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(inp=inp, out=out).replace("enabled: true, ", ""))
+    run = mmpipe(home, "run", str(spec))
+    assert run.returncode == 0, run.stderr
+    done = mmpipe(home, "dedup", str(out))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "dedup.dataset.enabled" in done.stderr and "Traceback" not in done.stderr
+    assert not (out / "_dedup").exists()
