@@ -8,6 +8,9 @@ VENV ?= .venv
 #   make quickstart TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu     # CPU only
 TORCH ?= torch==2.13.0
 TORCH_INDEX_URL ?=
+# every dependency's version, resolved for the image (requirements/lock.py); the same
+# pins the Dockerfile installs
+LOCK ?= requirements/image-gpu.txt
 ifneq ($(words $(TORCH)),1)
 $(error TORCH="$(TORCH)" must be one requirement; give the index as TORCH_INDEX_URL=URL)
 endif
@@ -16,11 +19,11 @@ STAMP := $(VENV)/.mmpipe-installed
 
 .PHONY: quickstart test install clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX_URL),--index-url "$(TORCH_INDEX_URL)")
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test]" -c $(LOCK)
 	touch $(STAMP)
 
 install: $(STAMP)

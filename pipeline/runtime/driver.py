@@ -183,7 +183,7 @@ class _Scheduler:
         attempt = new_attempt_id()
         self.attempts[pid] += 1
         self.report.attempts.setdefault(pid, []).append(attempt)
-        task = self.workers[i].run.options(name=f"PartitionWorker-{i}.run({pid}/a-{attempt})")
+        task = self.workers[i].run.options(name="PartitionWorker.run")  # bounded metric series
         self.in_flight[task.remote(pid, attempt)] = (i, pid, attempt)
 
     def _done(self, pid: str, outcome: AttemptOutcome | None) -> None:

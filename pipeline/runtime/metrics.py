@@ -61,13 +61,13 @@ _DEFS: dict[str, tuple[type, str, tuple[str, ...], list[float] | None]] = {
                                        "to the model pool to its result.", ("job_name",),
                                        BATCH_BOUNDARIES_S),
     "mmpipe_model_batch_latency_s": (raym.Histogram, "Seconds a model actor computes one batch.",
-                                     ("model", "actor"), BATCH_BOUNDARIES_S),
+                                     ("job_name", "model", "actor"), BATCH_BOUNDARIES_S),
     "mmpipe_model_records": (raym.Counter, "Records run through a model actor.",
-                             ("model", "actor"), None),
+                             ("job_name", "model", "actor"), None),
     "mmpipe_model_busy_seconds": (raym.Counter, "Seconds a model actor spent computing.",
-                                  ("model", "actor"), None),
+                                  ("job_name", "model", "actor"), None),
     "mmpipe_model_busy_fraction": (raym.Gauge, "Fraction of the last window a model actor "
-                                   "spent computing.", ("model", "actor"), None),
+                                   "spent computing.", ("job_name", "model", "actor"), None),
 }
 METRIC_NAMES = tuple(_DEFS)
 
@@ -197,8 +197,9 @@ class ModelMetrics:
     an idle actor shows 0 rather than its last busy value.
     """
 
-    def __init__(self, model: str, actor: str, window_s: float = 5.0):
-        self.tags = {"model": model.rstrip("/").rsplit("/", 1)[-1], "actor": actor}
+    def __init__(self, model: str, actor: str, window_s: float = 5.0, job_name: str = ""):
+        self.tags = {"job_name": job_name, "model": model.rstrip("/").rsplit("/", 1)[-1],
+                     "actor": actor}
         self.window_s = window_s
         self._lock = threading.Lock()
         self._busy_in_window = 0.0

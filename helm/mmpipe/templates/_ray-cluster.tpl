@@ -6,6 +6,10 @@ Call with (dict "root" $ "role" "cluster"|"job").
 {{- $root := .root -}}
 {{- $v := $root.Values -}}
 rayVersion: {{ $v.head.rayVersion | quote }}
+{{- if and (eq .role "cluster") $v.rayCluster.upgradeStrategy }}
+upgradeStrategy:
+  type: {{ $v.rayCluster.upgradeStrategy }}
+{{- end }}
 enableInTreeAutoscaling: {{ $v.head.enableInTreeAutoscaling }}
 {{- with $v.head.autoscalerOptions }}
 autoscalerOptions:
@@ -25,7 +29,7 @@ headGroupSpec:
   rayStartParams:
     {{- include "mmpipe.rayStartParams" $v.head.rayStartParams | trim | nindent 4 }}
   template:
-    {{- include "mmpipe.podTemplate" (dict "root" $root "group" $v.head "role" .role "component" "ray-head" "container" "ray-head") | nindent 4 }}
+    {{- include "mmpipe.podTemplate" (dict "root" $root "group" $v.head "role" .role "component" "ray-head" "container" "ray-head" "serviceAccount" (include "mmpipe.headServiceAccountName" $root) "automountToken" true) | nindent 4 }}
 workerGroupSpecs:
 {{- $groups := dict -}}
 {{- if not $v.worker.disabled }}
@@ -48,7 +52,7 @@ workerGroupSpecs:
     rayStartParams:
       {{- include "mmpipe.rayStartParams" $group.rayStartParams | trim | nindent 6 }}
     template:
-      {{- include "mmpipe.podTemplate" (dict "root" $root "group" $group "role" $.role "component" (printf "ray-worker-%s" $name) "container" "ray-worker") | nindent 6 }}
+      {{- include "mmpipe.podTemplate" (dict "root" $root "group" $group "role" $.role "component" (printf "ray-worker-%s" $name) "container" "ray-worker" "serviceAccount" (include "mmpipe.serviceAccountName" $root) "automountToken" $v.serviceAccount.automountWorkerToken) | nindent 6 }}
 {{- end }}
 {{- end -}}
 
@@ -69,8 +73,14 @@ metadata:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 spec:
-  {{- with (include "mmpipe.serviceAccountName" $root) }}
+  {{- with ($g.serviceAccountName | default .serviceAccount) }}
   serviceAccountName: {{ . }}
+  {{- end }}
+  {{- if not .automountToken }}
+  automountServiceAccountToken: false
+  {{- end }}
+  {{- with $g.runtimeClassName }}
+  runtimeClassName: {{ . }}
   {{- end }}
   {{- with $root.Values.imagePullSecrets }}
   imagePullSecrets:
@@ -78,6 +88,10 @@ spec:
   {{- end }}
   {{- with $g.priorityClassName }}
   priorityClassName: {{ . }}
+  {{- end }}
+  {{- with $g.initContainers }}
+  initContainers:
+    {{- include "mmpipe.extraContainers" (dict "root" $root "containers" .) | nindent 4 }}
   {{- end }}
   containers:
     - name: {{ .container }}
@@ -103,16 +117,23 @@ spec:
       volumeMounts:
         {{- . | nindent 8 }}
       {{- end }}
-      {{- with $g.securityContext }}
       securityContext:
+        {{- include "mmpipe.securityContext" (dict "root" $root "override" $g.securityContext) | nindent 8 }}
+      {{- with $g.lifecycle }}
+      lifecycle:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+    {{- with $g.sidecarContainers }}
+    {{- include "mmpipe.extraContainers" (dict "root" $root "containers" .) | nindent 4 }}
+    {{- end }}
   {{- with (include "mmpipe.volumes" (dict "root" $root "group" $g) | trim) }}
   volumes:
     {{- . | nindent 4 }}
   {{- end }}
-  {{- with $g.podSecurityContext }}
   securityContext:
+    {{- toYaml (mergeOverwrite (deepCopy $root.Values.common.podSecurityContext) ($g.podSecurityContext | default dict)) | nindent 4 }}
+  {{- with $g.topologySpreadConstraints }}
+  topologySpreadConstraints:
     {{- toYaml . | nindent 4 }}
   {{- end }}
   {{- with $g.nodeSelector }}
