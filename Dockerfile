@@ -11,8 +11,8 @@
 #   disagree with torch's): Ubuntu 22.04 (glibc 2.35, manylinux_2_28 wheels), Python 3.11
 #   (the cp311 wheels of the lock), Ray 2.60.0 as pyproject.toml pins it.
 # - VARIANT=cpu takes torch==2.13.0+cpu from PyTorch's CPU index (no CUDA wheels).
-# Pin the base by digest: RAY_BASE_DIGEST=sha256:... (README: "Deploy on Kubernetes";
-#   docker buildx imagetools inspect rayproject/ray:2.60.0-py311-cpu).
+# The base is pinned by digest: RAY_BASE_DIGEST=sha256:... is required (step 0; README:
+#   "Deploy on Kubernetes"; docker buildx imagetools inspect rayproject/ray:2.60.0-py311-cpu).
 ARG RAY_VERSION=2.60.0
 ARG PYTHON=py311
 ARG RAY_BASE_DIGEST=
@@ -20,6 +20,16 @@ FROM rayproject/ray:${RAY_VERSION}-${PYTHON}-cpu${RAY_BASE_DIGEST:+@}${RAY_BASE_
 
 ARG RAY_VERSION
 ARG VARIANT=gpu
+
+# 0. the base must be pinned by digest: a build without RAY_BASE_DIGEST stops here (no
+#    registry is reachable where this file is written, so the digest is the builder's
+#    input; ALLOW_UNPINNED_BASE=1 for a local try only)
+ARG RAY_BASE_DIGEST
+ARG ALLOW_UNPINNED_BASE=
+RUN if [ -z "${RAY_BASE_DIGEST}" ] && [ -z "${ALLOW_UNPINNED_BASE}" ]; then \
+      echo "error: pin the base image by digest: --build-arg RAY_BASE_DIGEST=sha256:..." \
+           "(docker buildx imagetools inspect rayproject/ray:${RAY_VERSION}-py311-cpu);" \
+           "--build-arg ALLOW_UNPINNED_BASE=1 builds on the moving tag" >&2; exit 1; fi
 
 # the base image's non-root user `ray` (uid 1000, group users 100), which owns its Python
 # environment; numeric, so that Kubernetes' runAsNonRoot can check it

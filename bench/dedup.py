@@ -1,7 +1,7 @@
 """The dataset-wide dedup pass at scale: synthetic hash indexes of N rows, then
 ``run_dedup`` on a local Ray with 2 ``DedupWorker`` actors.
 
-Each size gets an output whose partitions (1,000 rows each) carry index files written by
+Each size gets an output whose partitions (10,000 rows each) carry index files written by
 the real ``IndexDatasink`` rules (``index.index_tables``) and real commit markers, with
 10% exact copies (same sha256 and pHash) and 10% near copies (1-4 pHash bits flipped) of
 earlier rows. Reported per run, side by side: index rows per second of the pass (bucket
@@ -10,7 +10,7 @@ RSS of any actor (each task marker records its process's peak, ``peak_rss_bytes`
 with the same rows per bucket (buckets scaled with N) show that an actor's memory follows
 its bucket, not the dataset.
 
-    .venv/bin/python bench/dedup.py --sizes 100000,1000000 --rows-per-bucket 62500
+    .venv/bin/python bench/dedup.py --sizes 100000,1000000 --rows-per-bucket 6250
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-PARTITION_ROWS = 1000
+PARTITION_ROWS = 10_000
 
 
 def synthesize(out: str, n: int, buckets: int, seed: int = 0) -> None:
@@ -102,7 +102,7 @@ def measure(n: int, buckets: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="100000,1000000")
-    ap.add_argument("--rows-per-bucket", type=int, default=62500,
+    ap.add_argument("--rows-per-bucket", type=int, default=6250,
                     help="buckets = rows / this (memory per actor follows the bucket)")
     ap.add_argument("--fixed-buckets", type=int, default=16,
                     help="also run every size with this many buckets")

