@@ -110,6 +110,15 @@ def main() -> None:
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+
+    @ray.remote(num_cpus=1)
+    def baseline() -> int:   # an actor process's RSS with the dedup modules imported
+        from pipeline.dedup import tasks
+        from pipeline.runtime import dedup_pass  # noqa: F401
+        return tasks.peak_rss_bytes()
+
+    print(f"baseline worker RSS (dedup modules imported, no task run): "
+          f"{ray.get(baseline.remote()) / 2**20:.0f} MiB", flush=True)
     results = []
     for n in [int(s) for s in args.sizes.split(",")]:
         for buckets in sorted({max(1, n // args.rows_per_bucket), args.fixed_buckets}):

@@ -177,6 +177,10 @@ def cmd_gc(args) -> int:
     from pipeline.io.checkpoint import unreferenced_by_age
 
     garbage, young = unreferenced_by_age(args.output, args.min_age_s)
+    from pipeline.dedup.store import unreferenced as dedup_unreferenced
+
+    old, new = dedup_unreferenced(args.output, args.min_age_s)   # the dedup pass's files
+    garbage, young = garbage + old, young + new
     for uri in garbage:
         print(f"{'would delete' if args.dry_run else 'delete'} {uri}")
         if not args.dry_run:

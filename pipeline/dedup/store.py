@@ -23,6 +23,7 @@ complete generation's table.
 from __future__ import annotations
 
 import posixpath
+import time
 import uuid
 from typing import Any
 
@@ -207,6 +208,31 @@ class DedupStore:
             if m is not None:
                 return gen, m
         return None
+
+
+def unreferenced(output_uri: str, min_age_s: float) -> tuple[list[str], list[str]]:
+    """``(old, young)``: files under ``_dedup/`` that no dedup marker or generation names
+    (the files of failed or lost task attempts), last modified at least ``min_age_s``
+    seconds ago, and the younger ones (a running pass may still be writing them).
+    Markers and generation files themselves are never listed."""
+    store = DedupStore(output_uri)
+    named = set()
+    gens = store.generations()
+    for gen in gens:
+        named.add(store.uri(gen.files))
+        for m in store.markers(gen.generation).values():
+            named.update(store.uri(f) for f in m.files)
+    for under in ("", "assign"):
+        for m in store.markers(None, under).values():
+            named.update(store.uri(f) for f in m.files)
+    cutoff = time.time() - min_age_s
+    old, young = [], []
+    for top in ("pairs", "duplicates", "semantic", "generations"):
+        for e in fs.list_files(store.uri(f"{ROOT}/{top}")):
+            if e.uri in named or e.uri.endswith(".json"):
+                continue
+            (old if e.mtime_s is None or e.mtime_s <= cutoff else young).append(e.uri)
+    return old, young
 
 
 def latest_duplicates(output_uri: str) -> pa.Table | None:

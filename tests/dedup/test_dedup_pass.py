@@ -147,6 +147,15 @@ image_embedding: {{enabled: true, model: {clip}, score: false}}
         {(f"c00-{p.stem}", f"c01-{p.stem}") for p in PHOTOS}
     assert all(stem(r["a_key"]) == stem(r["b_key"]) for r in sem)
 
+    # gc removes a lost attempt's pairs file and nothing any marker names
+    stray = out / "_dedup/pairs/near/b-0002/g-000001.a-000000lost00.parquet"
+    stray.write_bytes(b"PAR1 lost attempt")
+    before_gc = latest_duplicates(str(out))
+    gc = mmpipe(home, "gc", str(out), "--min-age-s", "0")
+    assert gc.returncode == 0 and f"delete {stray}" in gc.stdout, gc.stdout + gc.stderr
+    assert "1 unreferenced files deleted" in gc.stdout and not stray.exists()
+    assert latest_duplicates(str(out)).equals(before_gc)
+
     # status and export see the result
     status = mmpipe(home, "status", str(out), "--json")
     assert json.loads(status.stdout)["dedup"]["duplicates"] == len(dups)
