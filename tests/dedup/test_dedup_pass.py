@@ -179,3 +179,25 @@ def test_dedup_of_an_output_without_an_index_fails_naming_the_setting(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "dedup.dataset.enabled" in done.stderr and "Traceback" not in done.stderr
     assert not (out / "_dedup").exists()
+
+
+def test_dedup_pass_on_s3(s3_server, s3_env, tmp_path):
+    """Index files, bucket tasks, markers and the duplicates table through a real S3 API."""
+    from tests.conftest import upload_dir
+
+    local = tmp_path / "copies"
+    local.mkdir()
+    for c in range(3):
+        for p in PHOTOS[:4]:
+            shutil.copyfile(p, local / f"c{c:02d}-{p.stem}.jpg")
+    upload_dir(s3_server.client(), s3_env, "in", local)
+    out = f"s3://{s3_env}/out"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(inp=f"s3://{s3_env}/in", out=out).replace("partition_size: 32", "partition_size: 3"))
+    run = mmpipe(tmp_path / "home", "run", str(spec), env=s3_server.env())
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "duplicates: 8 (exact 8)" in run.stdout, run.stdout
+    dups = as_map(latest_duplicates(out))
+    assert dups == {f"c{c:02d}-{p.stem}": (f"c00-{p.stem}", "exact", 0)
+                    for c in (1, 2) for p in PHOTOS[:4]}
+    assert read_output(out, ["key"], deduplicated=True).count_rows() == 4
