@@ -59,8 +59,9 @@ def read_output(output: str, columns: list[str] | None = None,
     - Ray Data: ``d = read_output(out); ray.data.read_parquet(d.files, filesystem=d.filesystem)``
 
     ``deduplicated``: only the ``status == "ok"`` rows whose key the newest complete dedup
-    pass (``mmpipe dedup``) did not list as a duplicate (a filtered dataset; ``key`` and
-    ``status`` are added to ``columns`` if missing, the filter reads them); raises
+    pass (``mmpipe dedup``) did not list as a duplicate, matched by ``(partition_id, key)``
+    (a filtered dataset; ``partition_id``, ``key`` and ``status`` are added to ``columns``
+    if missing, the filter reads them); raises
     ``FileNotFoundError`` if no dedup pass has completed on ``output``.
 
     A committed output with no quarantine file (no error rows) gives an empty quarantine
@@ -92,7 +93,8 @@ def read_output(output: str, columns: list[str] | None = None,
         if missing:
             raise ValueError(f"{output}: no column(s) {missing} (columns: {schema.names})")
     if columns is not None and deduplicated:  # the dedup filter reads these two
-        columns = list(columns) + [c for c in ("key", "status") if c not in columns]
+        columns = list(columns) + [c for c in ("partition_id", "key", "status")
+                                   if c not in columns]
     fields = [schema.field(c) for c in columns] if columns is not None else list(schema)
     meta = {k: v for k, v in (schema.metadata or {}).items() if k not in PER_FILE_KEYS}
     if deduplicated:
@@ -102,6 +104,9 @@ def read_output(output: str, columns: list[str] | None = None,
         if dups is None:
             raise FileNotFoundError(f"{output}: no complete dedup pass (run `mmpipe dedup "
                                     f"{output}`)")
-        dataset = dataset.filter((pc.field("status") == "ok")
-                                 & ~pc.field("key").isin(dups["key"].combine_chunks()))
+        # by (partition, key): keys are unique within a partition, an input may repeat one
+        where = pc.Expression._call("binary_join_element_wise", [
+            pc.field("partition_id"), pc.field("key"), pc.scalar("/")])
+        dup = pc.binary_join_element_wise(dups["partition_id"], dups["key"], "/")
+        dataset = dataset.filter((pc.field("status") == "ok") & ~where.isin(dup))
     return dataset.replace_schema(pa.schema(fields, metadata=meta or None))
