@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             report_path = Path(tmp) / "report.json"
             cmd = [sys.executable, "-m", "pipeline", "run", str(SPEC), "--input",
                    str(manifest_path), "--output", args.output, "--address", "local",
-                   "--mode", "overwrite", "--report-json", str(report_path)]
+                   "--mode", "overwrite", "--report-json", str(report_path),
+                   # the local server is on loopback, which downloads refuse by default
+                   "--set", "download.allow_networks=[127.0.0.0/8]"]
             env = dict(os.environ, HF_HUB_OFFLINE="1", NO_PROXY="127.0.0.1,localhost",
                        no_proxy="127.0.0.1,localhost")
             run = subprocess.run(cmd, cwd=REPO, env=env)

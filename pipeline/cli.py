@@ -46,6 +46,9 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from pipeline.runtime import job_env
+
+    job_env.apply()  # a submitted job's --env values (before anything reads the environment)
     spec = _load(args)
     # models come from local copies only, here as in every worker (runtime_env below)
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -94,9 +97,11 @@ def _dedup_pending(spec) -> bool:
         return False
     from pipeline.dedup.store import DedupStore
     from pipeline.io.checkpoint import CheckpointStore
+    from pipeline.io.generations import read_root
 
-    done = DedupStore(spec.sink.uri).complete()
-    return done is None or set(CheckpointStore(spec.sink.uri).markers()) - set(done[0].partitions)
+    root = read_root(spec.sink.uri)
+    done = DedupStore(root).complete()
+    return done is None or CheckpointStore(root).committed_ids() - set(done[0].partitions)
 
 
 def cmd_dedup(args) -> int:
@@ -173,24 +178,39 @@ def cmd_status(args) -> int:
 
 
 def cmd_gc(args) -> int:
-    from pipeline.io import fs
-    from pipeline.io.checkpoint import unreferenced_by_age
-
-    garbage, young = unreferenced_by_age(args.output, args.min_age_s)
+    """Delete the files no commit marker names, by liveness (``pipeline.io.gc``); exit 2
+    (nothing deleted) if OUTPUT is not an mmpipe output."""
     from pipeline.dedup.store import unreferenced as dedup_unreferenced
+    from pipeline.io import fs, gc, generations
 
-    old, new = dedup_unreferenced(args.output, args.min_age_s)   # the dedup pass's files
-    garbage, young = garbage + old, young + new
-    for uri in garbage:
-        print(f"{'would delete' if args.dry_run else 'delete'} {uri}")
-        if not args.dry_run:
-            fs.delete_file(uri)
-    print(f"{len(garbage)} unreferenced files{' (dry run)' if args.dry_run else ' deleted'}")
-    if young:
-        print(f"{len(young)} unreferenced files younger than {args.min_age_s:g} s not "
-              f"{'listed' if args.dry_run else 'deleted'} (a running job may still be writing "
-              "them; --min-age-s 0 includes them)")
+    min_age_s = args.min_age_s or 0.0
+    found = gc.collect(args.output, args.lease_margin_s, min_age_s)  # NotAnOutputError: 2
+    old_roots = {g.root for g in found.old_generations}
+    roots = [g.root for g in generations.list_generations(args.output)
+             if g.root not in old_roots] or [fs.normalize(args.output)]
+    for root in roots:   # the dedup pass's files (it holds no lease: by age)
+        old, new = dedup_unreferenced(root, DEDUP_MIN_AGE_S if args.min_age_s is None
+                                      else args.min_age_s)
+        found.garbage += old
+        found.young += new
+    verb = "would delete" if args.dry_run else "delete"
+    for uri in found.garbage:
+        print(f"{verb} {uri}")
+    for g in found.old_generations:
+        print(f"{verb} generation {g.number} ({g.root}): older than the newest complete one")
+    if not args.dry_run:
+        gc.delete(args.output, found)
+    print(f"{len(found.garbage)} unreferenced files{' (dry run)' if args.dry_run else ' deleted'}")
+    if found.live:
+        print(f"{len(found.live)} unreferenced files of running attempts kept (their lease "
+              f"is live or expired less than {args.lease_margin_s:g} s ago)")
+    if found.young:
+        print(f"{len(found.young)} unreferenced files kept by age (younger than --min-age-s; "
+              f"_dedup/ files: {DEDUP_MIN_AGE_S:g} s by default, the dedup pass holds no lease)")
     return 0
+
+
+DEDUP_MIN_AGE_S = 3600.0
 
 
 def cmd_ls(args) -> int:
@@ -246,9 +266,11 @@ def cmd_submit(args) -> int:
     run_argv += [a for s in args.set for a in ("--set", s)]
     sub = submit.submit(args.spec, run_argv, address=args.address, working_dir=args.working_dir,
                         installed=args.installed, env=env, job_name=spec.name,
-                        submission_id=args.submission_id,
+                        submission_id=args.submission_id, output_uri=spec.sink.uri,
                         metadata={"mmpipe_job": spec.name, "fingerprint": fingerprint(spec)})
     print(f"submitted {sub.submission_id}")
+    if env:
+        print(f"  env:       {submit.job_env.describe(env)}")
     print(f"  dashboard: {sub.dashboard_url}")
     print(f"  logs:      mmpipe logs {sub.submission_id} --address {sub.address}")
     print(f"  stop:      mmpipe stop {sub.submission_id} --address {sub.address}")
@@ -296,7 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("run", help="run a job on Ray (local, or --address / RAY_ADDRESS)")
     _spec_args(p)
-    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a new local Ray)")
+    p.add_argument("--address", help="Ray cluster to join: `auto` (the one this machine is "
+                   "part of) or HOST:PORT; `local` starts a new local Ray (default: "
+                   "RAY_ADDRESS, else a new local Ray); the log says which")
     p.add_argument("--report-json", help="also write the job report to this file")
     p.add_argument("--dashboard", action="store_true", help="start Ray's dashboard with a "
                    "local Ray (on 127.0.0.1) and print its URL")
@@ -311,13 +335,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("gc", help="delete output files no commit marker names (failed, lost "
-                       "and zombie attempts)")
+                       "and zombie attempts whose lease expired, older generations); refuses "
+                       "a location that is not an mmpipe output (exit 2)")
     p.add_argument("output", help="output location (sink.uri)")
     p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
-    p.add_argument("--min-age-s", type=float, default=3600.0,
-                   help="only delete files last modified at least this many seconds ago, so "
-                   "a running job's in-flight attempts are spared (default 3600; 0 when no "
-                   "job writes to OUTPUT)")
+    p.add_argument("--lease-margin-s", type=float, default=60.0,
+                   help="delete a running attempt's files only once its lease expired this "
+                   "many seconds ago (covers clock skew; default 60)")
+    p.add_argument("--min-age-s", type=float, default=None,
+                   help="also keep unreferenced files modified less than this many seconds "
+                   "ago (default: 0 for attempt files, whose leases decide; 3600 for the "
+                   "dedup pass's _dedup/ files)")
     p.set_defaults(func=cmd_gc)
     p = sub.add_parser("ls", help="list the committed output files (named by commit "
                        "markers), one URI per line")

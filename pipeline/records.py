@@ -36,8 +36,12 @@ class ErrorReason(str, enum.Enum):
     NO_FRAMES = "no_frames"            # a video container without one decodable frame
     CORRUPT_CONTAINER = "corrupt_container"  # a video container FFmpeg cannot open
     NO_VIDEO_STREAM = "no_video_stream"  # only audio, or only an attached picture (cover art)
+    DECODE_TIMEOUT = "decode_timeout"  # a video took longer than video.max_decode_s
     BAD_SAMPLE = "bad_sample"          # WebDataset: duplicate/non-contiguous key, no media
     TRUNCATED_SHARD = "truncated_shard"  # WebDataset: shard cut short (shard-level row)
+    OUTSIDE_INPUT_ROOT = "outside_input_root"  # a path/object outside source roots
+    NOT_A_FILE = "not_a_file"          # a FIFO, device, directory: only regular files
+    EGRESS_REFUSED = "egress_refused"  # a URL resolving to a refused network address
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import ipaddress
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -117,6 +118,12 @@ class SourceSpec(_Strict):
                                 "by `shards_per_partition` instead.")
     shards_per_partition: int = Field(1, ge=1, description="WebDataset: whole shards per "
                                       "partition (a shard is never split).")
+    allowed_roots: tuple[str, ...] = Field(
+        (), description="More input roots a manifest row (or a listed file's real path) may "
+        "read from, besides `uri` and each manifest's own directory or prefix: local "
+        "directories (symlinks resolved) or `s3://bucket/prefix`. Anything else (absolute "
+        "paths outside, `..` escapes, `file://`, symlinks leaving the roots, other "
+        "buckets or prefixes) is an `outside_input_root` error row, never read.")
 
     @field_validator("extensions")
     @classmethod
@@ -129,6 +136,17 @@ class SourceSpec(_Strict):
         if not out or any(e == "." for e in out):
             raise ValueError("extensions must be non-empty names like .mp4")
         return out
+
+    @field_validator("allowed_roots")
+    @classmethod
+    def _roots(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """`allowed_roots`: local paths or `s3://bucket[/prefix]`, nothing else."""
+        for root in value:
+            scheme = root.split("://", 1)[0].lower() if "://" in root else ""
+            if not root.strip() or scheme not in ("", "s3") or root.lower() in ("s3://",):
+                raise ValueError(f"{root!r}: an input root is a local path or "
+                                 "s3://bucket/prefix")
+        return value
 
     @model_validator(mode="after")
     def _fields_apply_to_kind(self) -> "SourceSpec":
@@ -161,9 +179,12 @@ class StorageSpec(_Strict):
 
     endpoint_url: str | None = Field(
         None, description="S3 endpoint, e.g. `http://127.0.0.1:8333` for SeaweedFS/MinIO; "
-        "default: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL from the environment, else AWS.")
+        "default: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL from the driver's environment, "
+        "else AWS; resolved once by the driver and sent to every actor with the job (a "
+        "node's own environment never changes it).")
     region: str | None = Field(None, description="Region; default AWS_REGION / "
-                               "AWS_DEFAULT_REGION, else us-east-1.")
+                               "AWS_DEFAULT_REGION of the driver, else us-east-1 (sent to "
+                               "the actors like `endpoint_url`).")
     max_attempts: int = Field(8, ge=1, description="Attempts per storage request on transient "
                               "errors (503 SlowDown, 500, resets, timeouts).")
     max_concurrency_per_prefix: int = Field(
@@ -187,22 +208,38 @@ class WebDatasetSinkSpec(_Strict):
 class SinkSpec(_Strict):
     """Where and how the output is written."""
 
-    uri: str = Field(description="Output root: holds _plan/, _checkpoints/, data/, quarantine/, _SUCCESS.")
+    uri: str = Field(description="Output root: holds _plan/, _checkpoints/, data/, quarantine/, "
+                     "_SUCCESS (and _generations/ after an overwrite); must not overlap the input.")
     rows_per_row_group: int = Field(
         256, ge=1, description="Rows buffered before a Parquet row group is written.")
     compression: Literal["zstd", "snappy", "none"] = Field("zstd", description="Parquet codec.")
     quarantine: bool = Field(True, description="Also write error rows with their source bytes "
                              "to quarantine/.")
+    quarantine_max_row_bytes: int = Field(
+        16 * 2**20, ge=0, description="Quarantine keeps the bytes of media that failed to "
+        "decode up to this size per row (larger: `source_bytes` is null); rows refused "
+        "before decoding (outside the input roots, too large, not a file, download "
+        "failed or refused) never keep bytes.")
+    quarantine_buffer_bytes: int = Field(
+        64 * 2**20, ge=1, description="Quarantine rows buffered per worker before a row "
+        "group is written (bytes of `source_bytes`; also bounded by rows_per_row_group).")
     webdataset: WebDatasetSinkSpec = Field(
         WebDatasetSinkSpec(),
         description="WebDataset `.tar` shards written beside the Parquet files.")
+    allow_bucket_root: bool = Field(
+        False, description="Allow a bucket root (`s3://bucket`) as `uri`: an output owns its "
+        "whole prefix (a new generation replaces the old ones, `mmpipe gc` deletes in it).")
 
 
 class CaptionSpec(_Strict):
     """Caption normalisation: captions are kept in full; these only set flags."""
 
     long_caption_chars: int = Field(1000, ge=1, description="Flag `long_caption` above this many "
-                                    "characters (the caption itself is stored in full).")
+                                    "characters (the caption itself is stored in full up to "
+                                    "`max_caption_chars`).")
+    max_caption_chars: int = Field(65_536, ge=1, description="Captions longer than this many "
+                                   "characters are cut to it and flagged `caption_truncated` "
+                                   "(a huge caption would otherwise reach the text model).")
     fallback_encoding: str = Field("cp1252", description="Encoding tried when caption bytes are "
                                    "not valid UTF-8 (flag `encoding_fixed`); if that fails too, "
                                    "invalid bytes become U+FFFD (flag `invalid_utf8`).")
@@ -224,9 +261,9 @@ class DownloadSpec(_Strict):
     timeout_s: float = Field(10.0, gt=0, description="Connect and read timeout per request "
                              "(seconds).")
     max_time_s: float = Field(60.0, gt=0, description="Most seconds one download may take "
-                              "from the request to the last body byte, so a server trickling "
-                              "bytes cannot hold a thread (checked between reads: the bound is "
-                              "max_time_s + timeout_s).")
+                              "from the request to the last body byte (retries and redirects "
+                              "included), so a server trickling bytes cannot hold a thread: "
+                              "the connection is shut down when it passes.")
     retries: int = Field(2, ge=0, le=10, description="Retries after a connection error, a "
                          "timeout, HTTP 429 or 5xx (exponential backoff with jitter).")
     backoff_s: float = Field(0.5, ge=0, description="First retry delay (seconds); doubles.")
@@ -238,6 +275,22 @@ class DownloadSpec(_Strict):
         ("noai", "noimageai", "noindex", "noimageindex"), description="`X-Robots-Tag` "
         "directives that opt an image out (img2dataset's default list); the row becomes "
         "`failed_to_download` without its body. Empty: ignore the header.")
+    allow_networks: tuple[str, ...] = Field(
+        (), description="CIDR networks downloads may connect to although refused by default "
+        "(loopback, link-local, private incl. fc00::/7, shared 100.64.0.0/10, multicast, "
+        "unspecified, reserved), e.g. `[127.0.0.0/8]` for a local test server. Checked on "
+        "the resolved address of every hop, redirects included.")
+    deny_networks: tuple[str, ...] = Field(
+        (), description="CIDR networks downloads never connect to, even if public or in "
+        "`allow_networks` (deny wins). A refused URL is an `egress_refused` error row.")
+    max_redirects: int = Field(5, ge=0, le=30, description="Most redirects followed per "
+                               "download (each hop's address is checked).")
+
+    @field_validator("allow_networks", "deny_networks")
+    @classmethod
+    def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Each entry must be a CIDR network (`10.0.0.0/8`, `::1/128`) or an address."""
+        return tuple(str(ipaddress.ip_network(v.strip(), strict=False)) for v in value)
 
 
 class VideoSpec(_Strict):
@@ -255,6 +308,13 @@ class VideoSpec(_Strict):
                                    "(0..1) that starts a new scene.")
     max_frames: int = Field(64, ge=1, description="Most frames sampled per video (any mode; "
                             "evenly thinned beyond this).")
+    max_frame_pixels: int = Field(
+        4096 * 2160, ge=1, description="Largest frame (coded width*height, pixels) decoded: "
+        "a video whose stream or any frame is larger is a `too_large` error row, checked "
+        "before its frames are decoded. Default: DCI 4K.")
+    max_decode_s: float = Field(
+        300.0, gt=0, description="Most wall-clock seconds spent decoding one video (all its "
+        "passes); beyond this it is a `decode_timeout` error row.")
     temp_dir: str | None = Field(None, description="Where videos from object storage are "
                                  "staged (one temporary file per video in flight, deleted "
                                  "after decoding); default: the system temp dir.")
@@ -427,15 +487,56 @@ class CaptionModelSpec(ModelServingSpec):
 class RuntimeSpec(_Strict):
     """How the job runs; none of this changes the output."""
 
-    num_workers: int | None = Field(None, ge=1, description="PartitionWorker actors; default: "
-                                    "the cluster's CPUs minus those reserved for ModelActors.")
+    num_workers: int | None = Field(None, ge=1, description="A fixed number of PartitionWorker "
+                                    "actors; default: an elastic pool (see `max_workers`).")
+    max_workers: int | None = Field(
+        None, ge=1, description="Elastic pool (`num_workers` unset): at most this many "
+        "PartitionWorkers; default: one per partition remaining. The driver asks the "
+        "autoscaler for that many worker bundles (`ray.autoscaler.sdk.request_resources`), "
+        "starts more workers every few seconds while the cluster has free CPUs (nodes that "
+        "joined mid-job) and partitions are queued, and lets idle workers go once the queue "
+        "is empty.")
+    worker_resources: dict[str, float] = Field(
+        {}, description="Custom Ray resources each PartitionWorker requests besides its CPU, "
+        "e.g. `{cpu_node: 1}` to keep CPU work off GPU nodes; the cluster's CPU worker group "
+        "must advertise the resource (KubeRay: `rayStartParams.resources` of that group), "
+        "else the job fails after `resource_wait_s`. Default: none, workers go anywhere.")
+    resource_wait_s: float = Field(
+        600.0, gt=0, description="Seconds an actor may wait for a node that offers its "
+        "resources (ModelActor GPUs/CPUs, PartitionWorker CPU and `worker_resources`) before "
+        "the job fails naming what is missing; a surplus worker of a running job is "
+        "dropped instead.")
     batch_size: int = Field(32, ge=1, description="Records per batch inside a partition.")
+    max_batch_bytes: int = Field(
+        256 * 2**20, ge=1, description="Byte budget of the decoded pixels of one batch "
+        "(bytes; images: width*height*3 from the header, videos: frame pixels*3 times the "
+        "frames sampled): a batch read is cut into smaller batches so that one never "
+        "holds more; a record larger than the budget is processed alone.")
     decode_threads: int = Field(2, ge=1, description="Decode threads per worker.")
     max_attempts: int = Field(3, ge=1, description="Attempts per partition before it is failed.")
+    attempt_timeout_s: float = Field(
+        3600.0, gt=0, description="Seconds one partition attempt may run: a longer one is "
+        "cancelled (its worker is killed and replaced), then retried up to `max_attempts` "
+        "and reported failed.")
     mode: Literal["resume", "overwrite", "error-if-exists"] = Field(
-        "resume", description="`resume`: skip partitions committed under the same fingerprint; "
-        "`overwrite`: delete the output first; `error-if-exists`: refuse a non-empty output.")
+        "resume", description="`resume`: continue the newest generation of the output, "
+        "skipping partitions committed under the same fingerprint; `overwrite`: write a new "
+        "generation (new plan and markers) beside the old ones, which are deleted only once "
+        "it is complete; `error-if-exists`: refuse a non-empty output.")
     progress_interval_s: float = Field(10.0, gt=0, description="Seconds between log progress lines.")
+    lease_s: float = Field(
+        60.0, gt=0, description="Seconds the job lease (one writer per output) and each "
+        "attempt lease (what `mmpipe gc` spares) last without renewal; a crashed driver's "
+        "output is free again after this long (at once on the same host).")
+    lease_renew_s: float = Field(
+        10.0, gt=0, description="Seconds between renewals of the job and attempt leases "
+        "(less than `lease_s`).")
+
+    @model_validator(mode="after")
+    def _renew_within_lease(self) -> "RuntimeSpec":
+        if self.lease_renew_s >= self.lease_s:
+            raise ValueError("runtime.lease_renew_s must be less than runtime.lease_s")
+        return self
 
 
 class JobSpec(_Strict):

@@ -16,6 +16,8 @@
   e.g. ``otherbot%3A%20noai``); ``/robots2/<d1>/<d2>/<name>`` sends two such headers.
 - ``/retryafter/<seconds>/<name>``: first request 503 with ``Retry-After``, then the file.
 - ``/redirect/<name>``: 302 to ``/ok/<name>``.
+- ``/redirectto/<quoted url>/<name>``: 302 to the URL-decoded ``<quoted url>`` (any
+  scheme, host or port: redirect checks); ``<name>`` must exist.
 - ``/chunked/<name>``: the file with chunked transfer encoding (no ``Content-Length``).
 - ``/encoded/<codings>/<name>``: the file with a ``Content-Encoding``: ``<codings>`` is a
   comma-separated (URL-quoted) list applied in order, each ``gzip``, ``x-gzip``,
@@ -32,7 +34,8 @@
 - ``/bomb/<codings>/<megabytes>/<name>``: that many MiB of zero bytes, encoded (a
   compression bomb: 64 MiB of zeros is ~64 KiB of gzip); ``<name>`` must exist.
 
-It records ``counts`` (requests per path), ``user_agents`` (in arrival order),
+It records ``counts`` (requests per path), ``user_agents`` and ``hosts`` (the ``Host``
+headers; both in arrival order),
 ``max_in_flight`` (most requests being handled at once; a handler still sleeping from
 an earlier test counts too), ``max_in_flight_by_route`` (the same per path without the
 file name, e.g. ``/slow/0.3``) and ``body_bytes_sent`` (per
@@ -106,7 +109,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 - http.server's name
         owner = self.server.owner
         path = urllib.parse.urlsplit(self.path).path
-        owner._enter(path, self.headers.get("User-Agent"))
+        owner._enter(path, self.headers.get("User-Agent"), self.headers.get("Host"))
         try:
             self._route(owner, path)
         except (BrokenPipeError, ConnectionResetError):
@@ -215,6 +218,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Location", f"/ok/{args[0]}")
             self.send_header("Content-Length", "0")
             self.end_headers()
+        elif kind == "redirectto" and len(args) == 2:
+            self.send_response(302)
+            self.send_header("Location", urllib.parse.unquote(args[0]))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
         elif kind == "chunked" and len(args) == 1:
             self._chunked(data, path)
         elif kind in ("encoded", "encodedcut", "encodedchunked") and len(args) == 2:
@@ -277,11 +285,14 @@ class _Server(ThreadingHTTPServer):
 class FaultHTTPServer:
     """The server; use as a context manager or call ``start()``/``stop()``.
 
-    ``base_url`` is ``http://127.0.0.1:<port>``; ``url(route, name)`` builds a URL.
+    ``base_url`` is ``http://<host>:<port>``; ``url(route, name)`` builds a URL. ``host``:
+    the loopback address it listens on (``127.0.0.2`` is loopback on Linux too).
     """
 
-    def __init__(self, root: str = PHOTOS):
+    def __init__(self, root: str = PHOTOS, host: str = "127.0.0.1"):
         self.root = root
+        self.host = host
+        self.hosts: list[str | None] = []
         self._lock = threading.Lock()
         self.counts: collections.Counter[str] = collections.Counter()
         self.body_bytes_sent: collections.Counter[str] = collections.Counter()
@@ -300,14 +311,14 @@ class FaultHTTPServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def url(self, route: str, name: str) -> str:
         """``url("slow/0.3", "a.jpg")`` -> ``http://127.0.0.1:<port>/slow/0.3/a.jpg``."""
         return f"{self.base_url}/{route.strip('/')}/{name}" if route else f"{self.base_url}/{name}"
 
     def start(self) -> FaultHTTPServer:
-        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._httpd = _Server((self.host, 0), _Handler)
         self._httpd.owner = self
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         kwargs={"poll_interval": 0.05}, daemon=True)
@@ -327,6 +338,7 @@ class FaultHTTPServer:
             self.counts.clear()
             self.body_bytes_sent.clear()
             self.user_agents.clear()
+            self.hosts.clear()
             self.max_in_flight = self.in_flight
             self.max_in_flight_by_route.clear()
             self.max_in_flight_by_route.update(+self._route_in_flight)
@@ -337,10 +349,11 @@ class FaultHTTPServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _enter(self, path: str, user_agent: str | None) -> None:
+    def _enter(self, path: str, user_agent: str | None, host: str | None = None) -> None:
         with self._lock:
             self.counts[path] += 1
             self.user_agents.append(user_agent)
+            self.hosts.append(host)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             route = _route_of(path)

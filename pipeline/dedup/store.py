@@ -237,10 +237,11 @@ def unreferenced(output_uri: str, min_age_s: float) -> tuple[list[str], list[str
 
 def latest_duplicates(output_uri: str) -> pa.Table | None:
     """The ``duplicates`` table (``groups.DUPLICATES_SCHEMA``) of the newest complete
-    generation of ``output_uri``, or None if the dedup pass never completed there."""
+    dedup generation in the newest complete output generation of ``output_uri``, or None if the dedup pass never completed there."""
     from pipeline.dedup.groups import DUPLICATES_SCHEMA
+    from pipeline.io.generations import read_root
 
-    store = DedupStore(output_uri)
+    store = DedupStore(read_root(output_uri))   # the newest complete generation's pass
     done = store.complete()
     if done is None:
         return None

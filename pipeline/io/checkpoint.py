@@ -10,15 +10,15 @@ existed) parses with the fields it has.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.errors import CommitError
-from pipeline.io import fs
+from pipeline.io import fs, generations
 from pipeline.io.layout import ATTEMPT_ROOTS, OutputLayout
 from pipeline.records import Status
 
@@ -131,6 +131,12 @@ class CheckpointStore:
                 raise CommitError(f"unreadable commit marker {entry.uri}: {e}") from e
         return out
 
+    def committed_ids(self) -> set[str]:
+        """The ids of the committed partitions, from one (paginated) listing of the marker
+        names: no marker is read."""
+        return {pid for e in fs.list_files(self.layout.checkpoints)
+                if (pid := OutputLayout.partition_of_json(e.uri)) is not None}
+
     def committed(self, fingerprint: str) -> tuple[dict[str, CommitMarker],
                                                    dict[str, CommitMarker]]:
         """Split markers into ``(matching, foreign)`` by spec fingerprint."""
@@ -159,38 +165,78 @@ class CheckpointStore:
         fs.write_bytes(self.layout.success, json.dumps(report, indent=1, sort_keys=True).encode())
 
 
-def unreferenced_files(output_uri: str, min_age_s: float = 0.0) -> list[str]:
-    """URIs under the attempt roots (``data/``, ``quarantine/``, ``wds/``) that no commit
-    marker names: the files of failed, lost or zombie attempts - and of attempts still
-    running, so only files last modified at least ``min_age_s`` seconds ago are returned
-    (a file without a modification time counts as old)."""
-    return unreferenced_by_age(output_uri, min_age_s)[0]
+def verify_files(root: str, marker: CommitMarker, chunk_bytes: int = 8 * 2**20) -> None:
+    """Check that every file ``marker`` names exists under the generation root ``root``
+    with the sha256 it records (read back in ``chunk_bytes`` chunks) and that their sizes
+    add up to ``bytes_written``. Raises ``CommitError`` naming the first file missing or
+    changed (a commit must never name a file that is gone: the attempt fails and is
+    retried)."""
+    layout = OutputLayout(root)
+    total = 0
+    for rel in marker.files:
+        uri = layout.uri(rel)
+        try:
+            size, digest = _hash_file(uri, chunk_bytes)
+        except FileNotFoundError as e:
+            raise CommitError(f"partition {marker.partition_id}: {uri} is gone before the "
+                              "commit (deleted by gc?); not committing") from e
+        except OSError as e:
+            raise CommitError(f"partition {marker.partition_id}: cannot verify {uri}: {e}") from e
+        want = marker.sha256.get(rel)
+        if want is not None and digest != want:
+            raise CommitError(f"partition {marker.partition_id}: {uri} has sha256 {digest}, "
+                              f"the attempt wrote {want}; not committing")
+        total += size
+    if marker.sha256 and total != marker.bytes_written:
+        raise CommitError(f"partition {marker.partition_id}: its files hold {total} bytes, "
+                          f"the attempt wrote {marker.bytes_written}; not committing")
 
 
-def unreferenced_by_age(output_uri: str, min_age_s: float) -> tuple[list[str], list[str]]:
-    """``(old, young)``: the unreferenced files (``unreferenced_files``) last modified at
-    least ``min_age_s`` seconds ago, and the younger ones, from one listing."""
-    layout = OutputLayout(output_uri)  # normalised: listings give absolute paths
-    named = {layout.uri(f) for m in CheckpointStore(output_uri).markers().values()
-             for f in m.files}
-    cutoff = time.time() - min_age_s
-    old, young = [], []
-    for top in layout.attempt_roots():
-        for e in fs.list_files(top):
-            if e.uri not in named:
-                (old if e.mtime_s is None or e.mtime_s <= cutoff else young).append(e.uri)
-    return old, young
+def _hash_file(uri: str, chunk_bytes: int) -> tuple[int, str]:
+    """``(size in bytes, sha256 hex)`` of the file at ``uri``, streamed."""
+    fsys, path = fs.resolve(uri)
+
+    def read() -> tuple[int, str]:
+        h, n = hashlib.sha256(), 0
+        with fsys.open_input_stream(path) as f:
+            while chunk := f.read(chunk_bytes):
+                h.update(chunk)
+                n += len(chunk)
+        return n, h.hexdigest()
+    return fs.with_retries(uri, "verify", read)
+
+
+def unreferenced_files(output_uri: str, min_age_s: float = 0.0,
+                       margin_s: float | None = None) -> list[str]:
+    """URIs of the attempt files ``mmpipe gc`` would delete (``pipeline.io.gc``): named by
+    no commit marker, of attempts without a live lease (expired more than ``margin_s``
+    seconds ago; default ``gc.LEASE_MARGIN_S``), last modified at least ``min_age_s``
+    seconds ago. Raises ``NotAnOutputError`` if ``output_uri`` is not an mmpipe output."""
+    return unreferenced_by_age(output_uri, min_age_s, margin_s)[0]
+
+
+def unreferenced_by_age(output_uri: str, min_age_s: float, margin_s: float | None = None
+                        ) -> tuple[list[str], list[str]]:
+    """``(garbage, kept)``: ``unreferenced_files`` and the unreferenced files kept
+    (a live lease, or younger than ``min_age_s``)."""
+    from pipeline.io import gc
+
+    found = gc.collect(output_uri, gc.LEASE_MARGIN_S if margin_s is None else margin_s,
+                       min_age_s)
+    return found.garbage, found.live + found.young
 
 
 def committed_files(output_uri: str, kind: str | None = "data") -> list[str]:
-    """URIs of the files named by commit markers (what readers should trust), by partition
+    """URIs of the files named by commit markers (what readers should trust) in the newest
+    complete generation of ``output_uri`` (``generations.read_root``), by partition
     id then in marker order. ``kind``: the top directory of the files (``layout.ATTEMPT_ROOTS``):
     ``"data"`` (the Parquet data files, the default), ``"quarantine"`` or ``"wds"``
     (WebDataset shards); None: all of them. Raises ``ValueError`` for another ``kind``."""
     if kind is not None and kind not in ATTEMPT_ROOTS.values():
         raise ValueError(f"kind {kind!r}: one of {sorted(ATTEMPT_ROOTS.values())} or None")
-    layout = OutputLayout(output_uri)
-    store = CheckpointStore(output_uri)
+    root = generations.read_root(output_uri)    # the newest complete generation
+    layout = OutputLayout(root)
+    store = CheckpointStore(root)
     return [layout.uri(f) for pid, m in sorted(store.markers().items())
             for f in m.files if kind is None or f.startswith(kind + "/")]
 

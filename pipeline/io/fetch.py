@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote_to_bytes, urlsplit
 
 from pipeline.io import fs
+from pipeline.io.confine import InputRoots, not_a_regular_file, read_bounded
 from pipeline.io.http import HttpFetcher, lower_scheme
 from pipeline.records import ErrorReason, RowError
 from pipeline.spec import DownloadSpec
@@ -169,12 +170,15 @@ class Fetcher:
     ``max_bytes``: the largest object accepted (bytes; ``decode.max_bytes``).
     ``download``: HTTP settings. ``temp_dir``: where staged files go (None: the system
     temp dir). ``stage_media``: the media are decoded from local files (video), so
-    ``fetch`` checks sizes but leaves local/object-store media unread.
+    ``fetch`` checks sizes but leaves local/object-store media unread. ``roots``: the
+    input roots local/object-store media must be under (``pipeline.io.confine``; None:
+    anywhere), unless a ``fetch`` call names others.
     """
 
     def __init__(self, max_bytes: int, download: DownloadSpec, temp_dir: str | None,
-                 stage_media: bool):
+                 stage_media: bool, roots: InputRoots | None = None):
         self.max_bytes = max_bytes
+        self.roots = roots
         self.download = download
         self.temp_dir = temp_dir
         self.stage_media = stage_media
@@ -189,14 +193,17 @@ class Fetcher:
                                             thread_name_prefix="mmpipe-download")
         return self._pool
 
-    def fetch(self, uri: str, size_bytes: int | None) -> tuple[bytes | None, RowError | None]:
+    def fetch(self, uri: str, size_bytes: int | None,
+              roots: InputRoots | None = None) -> tuple[bytes | None, RowError | None]:
         """Read one media object: ``(bytes, None)`` or ``(None, RowError)``.
 
         ``size_bytes``: the listed size, checked against ``max_bytes`` before reading, or
         None if unknown (then checked after). URLs (``normalize_url``: any scheme case,
         protocol-relative -> https) go through ``HttpFetcher`` (which stops reading past
         ``max_bytes`` decoded bytes); ``data:`` URIs are decoded by ``read_data_uri``.
-        Storage URIs are read with their scheme in lower case (``S3://`` -> ``s3://``).
+        Storage URIs are read with their scheme in lower case (``S3://`` -> ``s3://``),
+        only under ``roots`` (default: the fetcher's; else ``outside_input_root``), only
+        regular files, never more than ``max_bytes + 1`` bytes (``confine.read_bounded``).
         With ``stage_media``, local and object-store media are not read here
         (``(None, None)``): ``stage`` makes them a local file.
         """
@@ -208,21 +215,25 @@ class Fetcher:
                 return read_data_uri(url, self.max_bytes)
             self.downloads()
             return self._http.fetch(url)
+        roots = roots if roots is not None else self.roots
+        error = roots.check(uri) if roots is not None else None
+        if error is not None:
+            return None, error
         try:
             uri = lower_scheme(uri)
             if self.stage_media:
+                odd = not_a_regular_file(uri) if fs.is_local(uri) else None
+                if odd is not None:  # decoded in place later: a FIFO would block FFmpeg
+                    return None, odd
                 size_bytes = fs.file_size(uri) if size_bytes is None else size_bytes
                 if size_bytes is None:
                     raise FileNotFoundError(uri)
                 if size_bytes > self.max_bytes:
                     return None, too_large(size_bytes, self.max_bytes)
                 return None, None
-            data = fs.read_bytes(uri)
         except Exception as e:  # noqa: BLE001 - a read failure is this record's error
             return None, RowError(ErrorReason.READ_FAILED, f"{uri}: {e}")
-        if len(data) > self.max_bytes:
-            return None, too_large(len(data), self.max_bytes)
-        return data, None
+        return read_bounded(uri, self.max_bytes, roots)
 
     def stage(self, uri: str, data: bytes | None,
               stack: contextlib.ExitStack) -> tuple[str | None, RowError | None]:

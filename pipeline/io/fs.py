@@ -47,10 +47,21 @@ class FileEntry:
 
 
 def configure(endpoint_url: str | None = None, region: str | None = None,
-              max_attempts: int = 8, max_concurrency_per_prefix: int = 64) -> None:
-    """Set this process's object-store endpoint/region and retry policy."""
-    s3.configure(endpoint_url, region)
+              max_attempts: int = 8, max_concurrency_per_prefix: int = 64,
+              from_env: bool = True) -> None:
+    """Set this process's object-store endpoint/region and retry policy. ``from_env=False``
+    (actors of a job): None means AWS itself, not this process's ``AWS_ENDPOINT_URL*``
+    / ``AWS_REGION`` (see ``resolved_storage``)."""
+    s3.configure(endpoint_url, region, from_env)
     retry.configure(max_attempts, max_concurrency_per_prefix)
+
+
+def resolved_storage() -> dict[str, str | None]:
+    """``{"endpoint_url": ..., "region": ...}`` as this process resolves them now (the
+    spec's values, else its environment's, else AWS and ``us-east-1``): what the driver
+    writes into the spec it sends to its actors, so that they use the job's storage."""
+    s = s3.SETTINGS.resolved()
+    return {"endpoint_url": s.endpoint_url, "region": s.region}
 
 
 def is_local(uri: str) -> bool:
@@ -169,6 +180,18 @@ def read_bytes(uri: str) -> bytes:
     def read() -> bytes:
         with fsys.open_input_stream(path) as f:
             return f.read()
+    return with_retries(uri, "read", read)
+
+
+def read_head(uri: str, n_bytes: int) -> bytes:
+    """Read at most the first ``n_bytes`` bytes of the object ``uri`` (an object store: a
+    bounded read, never the whole object; local: ``pipeline.io.confine`` reads local
+    files). Raises ``FileNotFoundError`` or ``StorageError`` naming ``uri``."""
+    fsys, path = _for_call(uri)
+
+    def read() -> bytes:
+        with fsys.open_input_stream(path) as f:
+            return f.read(n_bytes)
     return with_retries(uri, "read", read)
 
 

@@ -29,6 +29,19 @@ read timeouts before the response headers, and HTTP 429/500/502/503/504 are retr
 ``Retry-After`` (capped at ``RETRY_AFTER_MAX_S``). Other statuses (4xx) fail at once. A
 failure while reading the body (truncation, reset, timeout mid-body) is not retried.
 
+Egress (``pipeline.io.egress``): every connection, redirect hops included, goes to an
+address the policy permits (by default no loopback, private, link-local, shared, multicast
+or reserved address; ``download.allow_networks``/``deny_networks``), resolved once and
+connected to as checked; a refusal is an ``egress_refused`` row, its body never read.
+At most ``download.max_redirects`` redirects are followed, to ``http``/``https`` only.
+The environment's proxies and ``.netrc`` are not used (``trust_env`` off): a proxy would
+hide the target address from the check, and ``.netrc`` would send credentials to
+strangers' URLs.
+
+Time: ``download.max_time_s`` bounds a whole fetch (headers and body, retries included,
+but not waiting for the per-host slot): a ``pipeline.io.deadline`` watchdog shuts the
+socket down when it passes, so a server trickling bytes cannot hold a thread.
+
 Politeness: at most ``DownloadSpec.max_per_host`` requests per host are in flight from
 one fetcher (one ``threading.BoundedSemaphore`` per host name, held for the whole request
 including retries, backoff sleeps and the body read); every request carries
@@ -54,9 +67,11 @@ from urllib.parse import urlsplit
 
 import requests
 import urllib3
-from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
+from pipeline.io.deadline import Watchdog
+from pipeline.io.deadline import current as current_watch
+from pipeline.io.egress import EgressPolicy, EgressRefused, GuardedAdapter
 from pipeline.records import ErrorReason, RowError
 from pipeline.spec import DownloadSpec
 
@@ -266,7 +281,8 @@ class _Retry(Retry):
     ``backoff_factor`` seconds (urllib3 retries the first time at once, then waits
     ``2 * backoff_factor``; ``DownloadSpec.backoff_s`` is documented as the first delay),
     ``Retry-After`` is capped at ``RETRY_AFTER_MAX_S``, and each retry calls ``on_retry``
-    (for the fetcher's counters)."""
+    (for the fetcher's counters). Both waits also end at the thread's download deadline
+    (``pipeline.io.deadline``): the next attempt then fails at once."""
 
     def __init__(self, *args, on_retry=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -292,11 +308,19 @@ class _Retry(Retry):
         if errors < 1 or self.backoff_factor <= 0:
             return 0.0
         value = self.backoff_factor * (2 ** (errors - 1)) + random.random() * self.backoff_jitter
-        return float(max(0.0, min(self.backoff_max, value)))
+        return _until_deadline(float(max(0.0, min(self.backoff_max, value))))
 
     def get_retry_after(self, response):
         seconds = super().get_retry_after(response)
-        return None if seconds is None else min(seconds, RETRY_AFTER_MAX_S)
+        return None if seconds is None else _until_deadline(min(seconds, RETRY_AFTER_MAX_S))
+
+
+def _until_deadline(seconds: float) -> float:
+    """``seconds``, cut to what is left of the calling thread's download deadline."""
+    watch = current_watch()
+    if watch is None:
+        return seconds
+    return max(0.0, min(seconds, watch.deadline - time.monotonic()))
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -320,13 +344,15 @@ class HttpFetcher:
     """Downloads URL bodies with retries, timeouts, a per-host limit and opt-out checks.
 
     ``spec.timeout_s`` (seconds) is both the connect timeout and the read timeout (the
-    longest wait for any bytes from the server, not a whole-request deadline).
+    longest wait for any bytes from the server); ``spec.max_time_s`` is the whole-request
+    deadline (enforced by a watchdog thread, see the module docstring).
     ``max_bytes`` (bytes) is the largest body accepted, counted after any
     ``Content-Encoding`` is decoded (see the module docstring). Thread-safe: ``fetch`` may be
     called from many threads at once (the connection pool holds ``spec.threads``
     connections per host). ``stats`` counts ``fetches`` (calls), ``requests`` (HTTP
     attempts including retries), ``retries``, ``ok``, ``bytes`` (body bytes returned) and
-    ``failed:<kind>`` per failure kind (``http_404``, ``timeout``, ``opted_out``, ...).
+    ``failed:<kind>`` per failure kind (``http_404``, ``timeout``, ``opted_out``,
+    ``egress_refused``, ...).
     """
 
     def __init__(self, spec: DownloadSpec, max_bytes: int):
@@ -348,9 +374,13 @@ class HttpFetcher:
             allowed_methods=frozenset({"GET"}), respect_retry_after_header=True,
             raise_on_status=False, raise_on_redirect=False,
             on_retry=self._on_retry)
-        adapter = HTTPAdapter(max_retries=retry, pool_connections=max(10, spec.threads),
-                              pool_maxsize=max(spec.threads, spec.max_per_host))
+        adapter = GuardedAdapter(EgressPolicy(spec.allow_networks, spec.deny_networks),
+                                 max_retries=retry, pool_connections=max(10, spec.threads),
+                                 pool_maxsize=max(spec.threads, spec.max_per_host))
         session = requests.Session()
+        session.trust_env = False  # no proxies (they hide the address) and no .netrc
+        session.max_redirects = spec.max_redirects
+        self._watchdog = Watchdog()
         session.mount("http://", adapter)
         session.mount("https://", adapter)
         session.headers["User-Agent"] = spec.user_agent
@@ -384,8 +414,20 @@ class HttpFetcher:
             return sem
 
     def _fail(self, kind: str, url: str, text: str) -> tuple[None, RowError]:
+        """A ``failed_to_download`` row; any failure after the deadline fired (the
+        watchdog shut the socket) is reported as the deadline."""
+        watch = current_watch()
+        if watch is not None and watch.expired:
+            kind, text = "timeout", self._late()
         self._count(f"failed:{kind}")
         return None, RowError(ErrorReason.FAILED_TO_DOWNLOAD, f"{url}: {text}")
+
+    def _late(self) -> str:
+        return f"download took longer than max_time_s {self.spec.max_time_s} s"
+
+    def _refused(self, url: str, exc: EgressRefused) -> tuple[None, RowError]:
+        self._count("failed:egress_refused")
+        return None, RowError(ErrorReason.EGRESS_REFUSED, f"{url}: {exc}")
 
     def _too_large(self, text: str) -> tuple[None, RowError]:
         self._count("failed:too_large")
@@ -409,7 +451,7 @@ class HttpFetcher:
                               f"unsupported scheme {parts.scheme or '(none)'!r}")
         if not host:
             return self._fail("invalid_url", url, "invalid url: no host")
-        with self._host_slot(host):
+        with self._host_slot(host), self._watchdog.watch(self.spec.max_time_s):
             try:
                 return self._fetch(url, lower_scheme(url))
             except Exception as e:  # noqa: BLE001 - a per-URL failure is this row's error
@@ -467,8 +509,7 @@ class HttpFetcher:
             for piece in decode_content(raw(), codings, CHUNK_BYTES):
                 body += piece
                 if time.monotonic() > deadline:
-                    return self._fail("timeout", url, f"download took longer than "
-                                      f"max_time_s {self.spec.max_time_s} s")
+                    return self._fail("timeout", url, self._late())
                 if len(body) > self.max_bytes:
                     decoded = " decoded" if codings else ""
                     return self._too_large(f"more than {self.max_bytes}{decoded} bytes "
@@ -490,6 +531,9 @@ class HttpFetcher:
         if length is not None and wire < length:  # enforce_content_length off?
             return self._fail("truncated", url, f"truncated body: got {wire} of "
                               f"{length} bytes")
+        watch = current_watch()
+        if watch is not None and watch.expired:  # EOF from the watchdog's shutdown
+            return self._fail("timeout", url, self._late())
         self._count("ok")
         self._count("bytes", len(body))
         return bytes(body), None
@@ -510,6 +554,9 @@ class HttpFetcher:
         """Turn an exception from ``requests``/urllib3 into a ``failed_to_download`` text."""
         chain = _chain(exc)
         t = self.spec.timeout_s
+        refused = next((e for e in chain if isinstance(e, EgressRefused)), None)
+        if refused is not None:
+            return self._refused(url, refused)
 
         def has(*types) -> bool:
             return any(isinstance(e, types) for e in chain)
@@ -549,8 +596,10 @@ class HttpFetcher:
         return self._fail("other", url, f"{type(exc).__name__}: {exc}")
 
     def close(self) -> None:
-        """Close the pooled connections; the fetcher is not used afterwards."""
+        """Close the pooled connections and the deadline thread; the fetcher is not
+        used afterwards."""
         self._session.close()
+        self._watchdog.close()
 
     def __enter__(self) -> HttpFetcher:
         return self

@@ -11,7 +11,12 @@
   wds/<pid>/a-<attempt>/<pid>-000000.tar           WebDataset shards of ok rows
   _index/<kind>/b-<bucket>/<pid>.a-<attempt>.parquet  dedup hash index (pipeline.dedup.index)
   _dedup/                                          the dedup pass (pipeline.dedup.store)
+  _leases/<pid>.<attempt>.json                     a running attempt's lease (pipeline.io.lease)
 ```
+
+This is the layout of one generation (``pipeline.io.generations``): generation 1 at the
+output root, later ones (``--mode overwrite``) under ``_generations/g-<n>/``. An
+``OutputLayout`` is built on a generation root.
 
 Attempt files live under attempt-unique directories, so attempts never overwrite each
 other; a commit marker names the files (relative to the output root) that are output.

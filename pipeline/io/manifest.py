@@ -56,6 +56,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.errors import PartitionError, PlanError
@@ -69,6 +70,10 @@ _EXTENSIONS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".json":
 _BUFFER_BYTES = 1 << 20
 _HEAD_BYTES = 4096
 _CSV_FIELD_LIMIT = 64 << 20  # characters; Python's default (128 KiB) is below long captions
+#: The longest manifest line read (bytes of UTF-8, else characters): a longer line is
+#: skipped in pieces, never held whole, and stands as ``TOO_LONG`` (one error row).
+LINE_LIMIT = _CSV_FIELD_LIMIT
+TOO_LONG = "\x00mmpipe: line too long\x00"
 _ESCAPED = re.compile("[\udc80-\udcff]")  # surrogateescape'd bytes
 
 
@@ -187,21 +192,45 @@ class _Position:
 def _utf8_lines(buf: io.BufferedReader, at: _Position) -> Iterator[str]:
     """The lines of a UTF-8 file from byte ``at.byte`` (``surrogateescape``: each cell's
     original bytes stay recoverable), advancing ``at`` past each line as it is yielded.
-    A UTF-8 BOM at byte 0 is dropped."""
+    A UTF-8 BOM at byte 0 is dropped. A line over ``LINE_LIMIT`` bytes is ``TOO_LONG``."""
     buf.seek(at.byte)
-    for raw in buf:
-        text = raw.decode("utf-8", "surrogateescape")
+    while True:
+        raw = buf.readline(LINE_LIMIT + 1)
+        if not raw:
+            return
+        size = len(raw)
+        if size > LINE_LIMIT and not raw.endswith(b"\n"):
+            size += _skip_line(buf.readline, b"\n")
+            text = TOO_LONG
+        else:
+            text = raw.decode("utf-8", "surrogateescape")
         if at.byte == 0 and text.startswith("\ufeff"):
             text = text[1:]
-        at.byte += len(raw)
+        at.byte += size
         at.line += 1
         yield text
 
 
+def _skip_line(readline: Callable[[int], Any], newline: Any) -> int:
+    """Read the rest of an over-long line in 1 MiB pieces; return its length."""
+    skipped = 0
+    while True:
+        piece = readline(1 << 20)
+        skipped += len(piece)
+        if not piece or piece.endswith(newline):
+            return skipped
+
+
 def _text_lines(text: io.TextIOWrapper, at: _Position) -> Iterator[str]:
     """The lines of a text stream (UTF-16/32, or CR-only line ends: no byte offsets), counting
-    ``at.line``."""
-    for line in text:
+    ``at.line``. A line over ``LINE_LIMIT`` characters is ``TOO_LONG``."""
+    while True:
+        line = text.readline(LINE_LIMIT + 1)
+        if not line:
+            return
+        if len(line) > LINE_LIMIT and not line.endswith(("\n", "\r")):
+            _skip_line(text.readline, ("\n", "\r"))
+            line = TOO_LONG
         at.line += 1
         yield line
 
@@ -221,7 +250,9 @@ def _csv_records(lines: Iterable[str], at: _Position) -> Iterator[list[str] | _B
         except csv.Error as e:
             yield _BadRow(f"line {at.line}: {e}")
             continue
-        if record:
+        if record and TOO_LONG in record:
+            yield _BadRow(f"line {at.line}: longer than {LINE_LIMIT} bytes")
+        elif record:
             yield record
 
 
@@ -332,6 +363,8 @@ class _Cursor:
 def _parse_json(line: str) -> tuple[dict[str, Any] | None, str | None]:
     """``(object, None)`` for a JSON object line, else ``(None, why)``. On a line that
     was not valid UTF-8, top-level strings holding such bytes become those bytes."""
+    if line == TOO_LONG:
+        return None, f"line longer than {LINE_LIMIT} bytes (not read)"
     try:
         obj = json.loads(line, strict=False)
     except (ValueError, RecursionError) as e:
@@ -559,31 +592,48 @@ def _profile_parquet(uri: str, used: set[str]) -> ManifestProfile:
     return fs.with_retries(uri, "read footer", read)
 
 
+#: The most bytes (uncompressed, the columns read) of one Parquet row group read at once:
+#: a larger row group is not read, its rows are error rows (Parquet has no line to skip).
+ROW_GROUP_LIMIT = 4 * LINE_LIMIT
+
+
 def _read_parquet(uri: str, start: int, stop: int, used: list[str],
                   carried: dict[str, pa.DataType], batch_size: int) -> Iterator[ManifestRows]:
+    """Rows ``start .. stop - 1`` of a Parquet manifest, row group by row group. Bounds
+    (``max_bytes`` of the manifest itself, issue 12): a row group whose read columns
+    exceed ``ROW_GROUP_LIMIT`` bytes uncompressed (footer metadata, checked before any
+    page is read) gives one error row per row; a cell longer than ``LINE_LIMIT`` bytes is
+    one error row (its value is not passed on)."""
     fsys, path = fs.resolve(uri)
     f = fs.with_retries(uri, "open", lambda: fsys.open_input_file(path))
     try:
         pf = pq.ParquetFile(f)
         names = tuple(pf.schema_arrow.names)
-        groups, offset, first = [], 0, 0
-        for g in range(pf.num_row_groups):
-            n = pf.metadata.row_group(g).num_rows
-            if offset + n > start and offset < stop and n:
-                first = offset if not groups else first
-                groups.append(g)
-            offset += n
         # At least one column, so that batches carry their row count.
         wanted = [c for c in names if c in used or c in carried] or list(names[:1])
-        row = first
-        batches = (pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=wanted)
-                   if groups else iter(()))
-        for rb in batches:
-            lo, hi = max(start, row), min(stop, row + rb.num_rows)
-            if hi > lo:
-                yield _parquet_batch(rb.slice(lo - row, hi - lo), lo, used, carried, names)
-            row += rb.num_rows
-            if row >= stop:
+        index = {pf.metadata.schema.column(i).path.split(".")[0]: i
+                 for i in range(pf.metadata.num_columns)}
+        offset = 0
+        for g in range(pf.num_row_groups):
+            meta = pf.metadata.row_group(g)
+            row, offset = offset, offset + meta.num_rows
+            if not meta.num_rows or offset <= start or row >= stop:
+                continue
+            size = sum(meta.column(index[c]).total_uncompressed_size
+                       for c in wanted if c in index)
+            lo, hi = max(start, row), min(stop, offset)
+            if size > ROW_GROUP_LIMIT:
+                message = (f"Parquet row group {g} holds {size} bytes in the columns read, "
+                           f"over {ROW_GROUP_LIMIT} (not read)")
+                yield ManifestRows(lo, {c: [None] * (hi - lo) for c in [*used, *carried]},
+                                   [message] * (hi - lo), names)
+                continue
+            for rb in pf.iter_batches(batch_size=batch_size, row_groups=[g], columns=wanted):
+                lo, hi = max(start, row), min(stop, row + rb.num_rows)
+                if hi > lo:
+                    yield _parquet_batch(rb.slice(lo - row, hi - lo), lo, used, carried, names)
+                row += rb.num_rows
+            if offset >= stop:
                 break
     finally:
         f.close()
@@ -593,12 +643,26 @@ def _parquet_batch(rb: pa.RecordBatch, first: int, used: list[str],
                    carried: dict[str, pa.DataType], names: tuple[str, ...]) -> ManifestRows:
     n = rb.num_rows
     errors: list[str | None] = [None] * n
+    for c in rb.schema.names:  # a cell longer than a manifest line may be: an error row
+        col = rb.column(c)
+        if pa.types.is_string(col.type) or pa.types.is_binary(col.type) or \
+                pa.types.is_large_string(col.type) or pa.types.is_large_binary(col.type):
+            lengths = pc.binary_length(col)
+            if (pc.max(lengths).as_py() or 0) <= LINE_LIMIT:
+                continue
+            for i, length in enumerate(lengths.to_pylist()):
+                if length is not None and length > LINE_LIMIT:
+                    errors[i] = f"column {c!r}: a value of {length} bytes, over {LINE_LIMIT}"
     values: dict[str, list[Any]] = {}
     for c in used:
         values[c] = _arrow_raw(rb.column(c)) if c in rb.schema.names else [None] * n
     for c, t in carried.items():
         values[c] = (_arrow_carried(rb.column(c), t, first, c, errors)
                      if c in rb.schema.names else [None] * n)
+    for i, error in enumerate(errors):
+        if error is not None:  # an error row carries no values
+            for column in values.values():
+                column[i] = None
     return ManifestRows(first, values, errors, names)
 
 

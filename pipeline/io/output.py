@@ -19,6 +19,7 @@ import pyarrow.dataset as ds
 from pipeline.columns import SOURCE_BYTES_OUT, lookup
 from pipeline.io import fs
 from pipeline.io.checkpoint import committed_files
+from pipeline.io.generations import GEN_DIR
 from pipeline.io.layout import CHECKPOINT_DIR, PLAN_FILE, OutputLayout
 
 #: Per-file Parquet key-value metadata, left out of a whole dataset's schema metadata.
@@ -27,10 +28,11 @@ PER_FILE_KEYS = (b"mmpipe.partition_id", b"mmpipe.attempt_id")
 
 def is_output(output_uri: str) -> bool:
     """True if ``output_uri`` (local path or ``s3://``) holds an mmpipe output: a file
-    under ``_plan/`` or ``_checkpoints/``. Raises ``StorageError`` if the store fails."""
+    under ``_plan/`` or ``_checkpoints/``, or a generation (``_generations/``). Raises
+    ``StorageError`` if the store fails."""
     layout = OutputLayout(output_uri)
     return any(next(iter(fs.list_files(layout.uri(top))), None) is not None
-               for top in (posixpath.dirname(PLAN_FILE), CHECKPOINT_DIR))
+               for top in (posixpath.dirname(PLAN_FILE), CHECKPOINT_DIR, GEN_DIR))
 
 
 def stored_spec(output: str):
@@ -50,7 +52,9 @@ def read_output(output: str, columns: list[str] | None = None,
     ``"quarantine"`` (error rows with ``source_bytes``). ``columns``: read only these (the
     schema is then these fields, in this order). The dataset holds exactly the Parquet
     files named by commit markers, in partition order (``dataset.files``: paths on
-    ``dataset.filesystem``). Its schema's metadata holds the files' ``mmpipe.version``,
+    ``dataset.filesystem``) of the newest complete generation (``--mode overwrite``
+    writes a new one: ``pipeline.io.generations``; while none is complete, the newest
+    one). Its schema's metadata holds the files' ``mmpipe.version``,
     ``mmpipe.fingerprint`` and ``mmpipe.spec`` (the per-file ``mmpipe.partition_id`` and
     ``mmpipe.attempt_id`` are in each file's footer only). Nothing is read until asked:
 

@@ -3,9 +3,13 @@
 ``ParquetDatasink`` streams every row of an attempt to
 ``data/<pid>/a-<attempt>/part-00000.parquet``; ``QuarantineDatasink`` streams the
 ``status="error"`` rows, plus ``source_bytes`` (the original bytes), to the same path under
-``quarantine/``. Both carry the job's key-value metadata (``on_write_start``). Rows are
-buffered up to ``rows_per_row_group`` and written as a row group, so a partition is never
-held in memory whole; the file's sha256 and size come from the stream
+``quarantine/``. Quarantine holds media, not secrets: it keeps the bytes of a row that
+failed at or after decoding, up to ``sink.quarantine_max_row_bytes``, and never those of
+a row the datasource refused before decoding (``_read_error`` set: outside the input
+roots, too large, not a file, download failed or refused). Both carry the job's key-value
+metadata (``on_write_start``). Rows are buffered up to ``rows_per_row_group`` (quarantine:
+also up to ``sink.quarantine_buffer_bytes``) and written as a row group, so a partition is
+never held in memory whole; the file's sha256 and size come from the stream
 (``fs.HashingOutput``).
 """
 
@@ -17,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.columns import SOURCE_BYTES, SOURCE_BYTES_OUT, STATUS, Batch, lookup
+from pipeline.columns import READ_ERROR, SOURCE_BYTES, SOURCE_BYTES_OUT, STATUS, Batch, lookup
 from pipeline.io import fs
 from pipeline.io.datasink import Datasink, WriteResult
 from pipeline.io.layout import OutputLayout
@@ -56,12 +60,15 @@ def to_table(batch: Batch, schema: pa.Schema, rows: list[int]) -> pa.Table:
 class _StreamingFile:
     """One Parquet file written row group by row group through a hashing stream."""
 
-    def __init__(self, uri: str, schema: pa.Schema, spec: SinkSpec):
+    def __init__(self, uri: str, schema: pa.Schema, spec: SinkSpec,
+                 max_buffer_bytes: int | None = None):
         self.uri, self.schema, self.spec = uri, schema, spec
+        self.max_buffer_bytes = max_buffer_bytes
         self.out: fs.HashingOutput | None = None
         self.writer: pq.ParquetWriter | None = None
         self.buffer: list[pa.Table] = []
         self.buffered = 0
+        self.buffered_bytes = 0
         self.rows = 0
 
     def write(self, table: pa.Table) -> None:
@@ -69,7 +76,10 @@ class _StreamingFile:
             return
         self.buffer.append(table)
         self.buffered += table.num_rows
-        if self.buffered >= self.spec.rows_per_row_group:
+        self.buffered_bytes += table.nbytes
+        if (self.buffered >= self.spec.rows_per_row_group or
+                (self.max_buffer_bytes is not None
+                 and self.buffered_bytes >= self.max_buffer_bytes)):
             self._flush()
 
     def _flush(self) -> None:
@@ -82,7 +92,7 @@ class _StreamingFile:
         self.writer.write_table(pa.concat_tables(self.buffer),
                                 row_group_size=self.spec.rows_per_row_group)
         self.rows += self.buffered
-        self.buffer, self.buffered = [], 0
+        self.buffer, self.buffered, self.buffered_bytes = [], 0, 0
 
     def close(self) -> bool:
         """Flush and close; return True if a file was written."""
@@ -123,7 +133,11 @@ class ParquetDatasink(Datasink):
             **(schema.metadata or {}), b"mmpipe.partition_id": partition_id.encode(),
             b"mmpipe.attempt_id": attempt_id.encode()})
         self.rel = OutputLayout.rel_parquet(self.name, partition_id, attempt_id)
-        self.file = _StreamingFile(self.layout.uri(self.rel), self.schema, self.spec)
+        self.file = _StreamingFile(self.layout.uri(self.rel), self.schema, self.spec,
+                                   self._buffer_bytes())
+
+    def _buffer_bytes(self) -> int | None:
+        return None
 
     def _schema(self, data_schema: pa.Schema) -> pa.Schema:
         return data_schema
@@ -157,7 +171,28 @@ class QuarantineDatasink(ParquetDatasink):
         return data_schema.append(lookup(SOURCE_BYTES_OUT).field())
 
     def settings(self) -> dict[str, Any]:
-        return {}
+        return {"quarantine_max_row_bytes": self.spec.quarantine_max_row_bytes}
+
+    def _buffer_bytes(self) -> int | None:
+        return self.spec.quarantine_buffer_bytes
 
     def _rows(self, batch: Batch) -> list[int]:
         return [i for i, s in enumerate(batch[STATUS]) if s == Status.ERROR.value]
+
+    def kept_bytes(self, batch: Batch, i: int) -> bytes | None:
+        """The ``source_bytes`` quarantine keeps for row ``i``: its bytes if the
+        datasource read it without error and they are at most
+        ``quarantine_max_row_bytes``, else None (see the module docstring)."""
+        data = (batch.get(SOURCE_BYTES) or [None] * (i + 1))[i]
+        refused = (batch.get(READ_ERROR) or [None] * (i + 1))[i] is not None
+        if data is None or refused or len(data) > self.spec.quarantine_max_row_bytes:
+            return None
+        return data
+
+    def write(self, batch: Batch) -> None:
+        rows = self._rows(batch)
+        if rows:
+            keep, view = set(rows), dict(batch)
+            view[SOURCE_BYTES] = [self.kept_bytes(batch, i) if i in keep else None
+                                  for i in range(len(batch[STATUS]))]
+            self.file.write(to_table(view, self.schema, rows))

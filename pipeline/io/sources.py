@@ -21,6 +21,12 @@ media are not read into memory: each batch also has ``_source_path``, a local fi
 (a local input as is; an object-store object or downloaded/tar-member bytes in a
 temporary file that is deleted when the next batch is requested, so disk use is one batch
 of videos).
+
+Confinement (``pipeline.io.confine``): every local or object-store read - media, sidecars,
+manifest rows (against the roots plus the manifest's own directory), shards - is checked
+against ``Datasource.roots``; a refused one is an ``outside_input_root`` (or
+``not_a_file``) row without bytes. A ``.json`` sidecar/member over ``MAX_JSON_BYTES`` or
+nested deeper than ``MAX_JSON_DEPTH`` is one error row.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import contextlib
 import json
 import logging
 import posixpath
+import re
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -40,6 +47,7 @@ from pipeline.columns import (KEY, METADATA_JSON, RAW_CAPTION, READ_ERROR, RESER
                               SOURCE_PATH, SOURCE_URI, Batch)
 from pipeline.errors import PartitionError, PlanError
 from pipeline.io import fs, manifest, manifest_types, webdataset
+from pipeline.io.confine import InputRoots, manifest_root, read_bounded
 from pipeline.io.fetch import Fetcher, is_url, normalize_url, too_large
 from pipeline.io.source_uri import SourceUris
 from pipeline.io.stats import AttemptStats
@@ -83,6 +91,15 @@ class Datasource:
         if self.video:
             self.writes = self.writes + (SOURCE_PATH,)
         self.unread: collections.Counter[str] = collections.Counter()
+        self._roots: InputRoots | None = None
+
+    @property
+    def roots(self) -> InputRoots:
+        """What this source may read (``pipeline.io.confine``): ``source.uri`` and
+        ``source.allowed_roots`` (resolved on first use, on the reading worker)."""
+        if self._roots is None:
+            self._roots = InputRoots.of_source(self.spec.uri, self.spec.allowed_roots)
+        return self._roots
 
     def settings(self) -> dict[str, Any]:
         """The source spec and ``decode.max_bytes`` (records over it are errors)."""
@@ -129,7 +146,7 @@ class Datasource:
         ``PartitionError`` for an unreadable partition input (e.g. a corrupt manifest); a
         bad record is a row with ``_read_error`` instead.
         """
-        fetcher = Fetcher(self.max_bytes, self.download, self.temp_dir, self.video)
+        fetcher = Fetcher(self.max_bytes, self.download, self.temp_dir, self.video, self.roots)
         keys = PartitionKeys()
         uris = SourceUris(self.spec.uri, partition.plan_metadata.get("input_root"),
                           [i.uri for i in partition.inputs] if self.member_uris else ())
@@ -239,14 +256,18 @@ class FilesDatasource(Datasource):
         data, error = fetcher.fetch(item.uri, item.size_bytes)
         caption, meta = None, None
         if item.caption_uri:
+            raw, refused = read_bounded(item.caption_uri, self.max_bytes, self.roots)
             try:
-                raw = fs.read_bytes(item.caption_uri)
-                if item.caption_uri.endswith(".json"):
+                if refused is not None:
+                    error = error or refused
+                elif item.caption_uri.endswith(".json"):
                     caption, meta = split_json_caption(raw, self.spec.caption_column)
                 else:
                     caption = raw
             except Exception as e:  # noqa: BLE001 - a bad sidecar is this record's error
                 error = error or RowError(ErrorReason.READ_FAILED, f"{item.caption_uri}: {e}")
+        if error is not None:
+            data = None  # a refused row keeps no bytes
         return {SOURCE_URI: item.uri, SOURCE_BYTES: data, RAW_CAPTION: caption,
                 READ_ERROR: error, METADATA_JSON: meta}
 
@@ -355,6 +376,7 @@ class ManifestDatasource(Datasource):
                 yield self._unreadable(item, stem, carried)
                 continue
             base = posixpath.dirname(item.uri)
+            roots = self.roots.with_root(manifest_root(item.uri))
             read = 0
             seek = (manifest.RowOffset(item.row_start, item.byte_start, item.line_start)
                     if item.byte_start >= 0 else None)
@@ -363,7 +385,8 @@ class ManifestDatasource(Datasource):
                                            seek):
                 path_col = self._path_column(rows.names or self._used(), item.uri)
                 read += rows.num_rows
-                yield self._batch(rows, item.uri, path_col, base, stem, carried, fetcher, pool)
+                yield self._batch(rows, item.uri, path_col, base, stem, carried, fetcher, pool,
+                                  roots)
             if read != item.row_stop - item.row_start:
                 raise PartitionError(
                     f"manifest {fs.display_uri(item.uri)}: rows [{item.row_start}, "
@@ -380,7 +403,8 @@ class ManifestDatasource(Datasource):
         return batch
 
     def _batch(self, rows: manifest.ManifestRows, uri: str, path_col: str, base: str,
-               stem: str, carried: dict, fetcher: Fetcher, pool: ThreadPoolExecutor) -> Batch:
+               stem: str, carried: dict, fetcher: Fetcher, pool: ThreadPoolExecutor,
+               roots: InputRoots) -> Batch:
         n = rows.num_rows
         where = f"manifest {fs.display_uri(uri)}"
         uris = [_resolve_media(_as_text(p), base) for p in rows.values[path_col]]
@@ -391,7 +415,8 @@ class ManifestDatasource(Datasource):
             for j, (u, e) in enumerate(zip(uris, rows.errors))]
         todo = [j for j in range(n) if errors[j] is None]
         executor = fetcher.downloads() if any(is_url(uris[j]) for j in todo) else pool
-        fetched = dict(zip(todo, executor.map(lambda j: fetcher.fetch(uris[j], None), todo)))
+        fetched = dict(zip(todo, executor.map(lambda j: fetcher.fetch(uris[j], None, roots),
+                                              todo)))
         given = (rows.values[self.spec.key_column] if self.spec.key_column else [None] * n)
         batch: Batch = {
             KEY: [given_key(_as_text(k)) or row_key(stem, rows.first_row + j)
@@ -451,7 +476,11 @@ class WebDatasetDatasource(Datasource):
     def _read(self, partition, batch_size, pool, fetcher):
         rows: list[dict[str, Any]] = []
         for item in partition.inputs:
-            for sample in webdataset.read_shard(item.uri, self.temp_dir):
+            refused = self.roots.check(item.uri)
+            samples = ([webdataset.ShardSample(webdataset.shard_error_key(item.uri), item.uri,
+                                               {}, refused)] if refused is not None else
+                       webdataset.read_shard(item.uri, self.temp_dir, self.max_bytes))
+            for sample in samples:
                 rows.append(self._row(sample))
                 if len(rows) == batch_size:
                     yield _to_batch(rows)
@@ -476,7 +505,7 @@ class WebDatasetDatasource(Datasource):
                 found, meta = split_json_caption(sample.members["json"], self.spec.caption_column)
                 if meta is not None and caption is None:  # an object; txt first, as sidecars
                     caption = found
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 error = error or RowError(ErrorReason.BAD_SAMPLE, f"key {sample.key!r} in "
                                           f"shard {sample.shard_uri}: bad json member: {e}")
         uri = f"{sample.shard_uri}#{sample.key}" + (f".{media}" if media else "")
@@ -495,13 +524,42 @@ def split_json_caption(raw: bytes | str, caption_column: str) -> tuple[Any, str 
     other JSON value is the caption itself, with no metadata (None). Bytes are decoded by
     ``pipeline.text.decode_text`` (BOMs, UTF-16, the 8-bit fallback) first; the metadata
     text is cleaned (lone surrogates from ``\\ud83c`` escapes -> U+FFFD); the caption is
-    left for the caption step to clean and flag. Raises ``ValueError`` for invalid JSON."""
-    obj = json.loads(decode_text(bytes(raw))[0] if isinstance(raw, (bytes, bytearray)) else raw)
+    left for the caption step to clean and flag. Raises ``ValueError`` for invalid JSON,
+    JSON over ``MAX_JSON_BYTES`` bytes (characters for ``str``) or nested deeper than
+    ``MAX_JSON_DEPTH`` arrays/objects (checked before parsing: ``json_depth``)."""
+    if len(raw) > MAX_JSON_BYTES:
+        raise ValueError(f"{len(raw)} bytes > the JSON limit of {MAX_JSON_BYTES} bytes")
+    text = decode_text(bytes(raw))[0] if isinstance(raw, (bytes, bytearray)) else raw
+    depth = json_depth(text, MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} arrays/objects")
+    obj = json.loads(text)
     if not isinstance(obj, dict):
         return obj, None
     caption = (obj.pop(caption_column) if caption_column in obj
                else CaptionKeyMissing(caption_column))
     return caption, clean_text(json.dumps(obj, sort_keys=True, ensure_ascii=False))[0]
+
+
+#: Largest ``.json`` sidecar or member parsed (bytes), and deepest nesting accepted.
+MAX_JSON_BYTES = 4 * 2**20
+MAX_JSON_DEPTH = 64
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_JSON_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def json_depth(text: str, stop: int) -> int:
+    """The deepest nesting of arrays/objects in JSON ``text`` (strings skipped; counting
+    stops past ``stop``). Linear in ``len(text)``, no recursion, so a deeply nested
+    document is measured without ``json``'s recursion."""
+    depth = deepest = 0
+    for m in _JSON_BRACKETS.finditer(_JSON_STRING.sub('""', text)):
+        depth += 1 if m.group() in "[{" else -1
+        if depth > deepest:
+            deepest = depth
+            if deepest > stop:
+                break
+    return deepest
 
 
 def carried_name(name: str) -> str:

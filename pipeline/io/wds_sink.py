@@ -5,11 +5,16 @@ Members per sample: ``<key>.jpg`` (or ``.webp``: the resized ``image``; video: a
 original key included) and ``<key>.txt`` (the caption, if the row has one). Shards go to
 ``wds/<pid>/a-<attempt>/<pid>-000000.tar`` (``WebDatasetWriter``, rolled by bytes and
 samples) and are named by the commit marker like every other output file.
+
+Keys come from the input (manifest cells, file names), so a member name is made safe
+first (``safe_member_key``): relative, no ``.``/``..`` or empty parts, no control
+characters; the JSON member keeps the original key.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -20,6 +25,17 @@ from pipeline.io.datasink import Datasink, WriteResult
 from pipeline.io.webdataset import WebDatasetWriter
 from pipeline.records import Status
 from pipeline.spec import WebDatasetSinkSpec
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def safe_member_key(key: str) -> str:
+    """``key`` as a relative tar member name: ``\\`` read as ``/``; empty, ``.`` and ``..``
+    parts dropped (so never an absolute name or a ``..`` escape when extracted); control
+    characters (NUL included) replaced by ``_``; ``_`` if nothing is left."""
+    parts = [p for p in str(key).replace("\\", "/").split("/") if p not in ("", ".", "..")]
+    return _CONTROL.sub("_", "/".join(parts)) or "_"
 
 
 class WebDatasetDatasink(Datasink):
@@ -58,7 +74,7 @@ class WebDatasetDatasink(Datasink):
     def _unique_key(self, key: str) -> str:
         """A key not used before in this attempt: ``key``, else ``key_1``, ... (a manifest
         may repeat a key; the JSON member keeps the original)."""
-        base = name = WebDatasetWriter.member_key(key)
+        base = name = WebDatasetWriter.member_key(safe_member_key(key))
         n = 0
         while name in self.keys:
             n += 1

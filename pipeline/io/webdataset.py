@@ -116,7 +116,8 @@ class _Member:
     ext: str
 
 
-def read_shard(uri: str, temp_dir: str | None = None) -> Iterator[ShardSample]:
+def read_shard(uri: str, temp_dir: str | None = None,
+               max_member_bytes: int | None = None) -> Iterator[ShardSample]:
     """Yield the samples of the WebDataset shard ``uri`` (local path, ``file://`` or
     ``s3://``), in the order of each sample's first member.
 
@@ -153,6 +154,10 @@ def read_shard(uri: str, temp_dir: str | None = None) -> Iterator[ShardSample]:
       tar, or is gzip whose header or first tar member cannot be read (or whose CRC
       check fails): the only row.
 
+    - ``too_large: key '<key>' in shard <uri>: member '<ext>' of N bytes > max_bytes M``
+      when a member's header size is over ``max_member_bytes`` (None: no limit): the
+      member is never read, the sample is one error row.
+
     ``<uri>`` in messages is ``fs.display_uri(uri)`` (valid UTF-8 text). Raises nothing
     for bad shards; programming errors (e.g. a bad ``temp_dir`` propagating from the OS)
     may still raise ``OSError``.
@@ -181,9 +186,9 @@ def read_shard(uri: str, temp_dir: str | None = None) -> Iterator[ShardSample]:
             yield _error_row(uri, shard_key, ErrorReason.READ_FAILED, f"{name}: {exc}")
             return
         if compressed:
-            yield from _gz_samples(uri, shard_key, path, size)
+            yield from _gz_samples(uri, shard_key, path, size, max_member_bytes)
         else:
-            yield from _samples(uri, shard_key, tf, size)
+            yield from _samples(uri, shard_key, tf, size, max_member_bytes)
 
 
 def _scan(tf: tarfile.TarFile, size: int) -> tuple[list[_Member], str | None, str | None]:
@@ -292,7 +297,33 @@ def _cut_row(uri: str, shard_key: str, cut: str, plan: _Plan) -> ShardSample:
                       f"{fs.display_uri(uri)}: {cut}; {plan.kept} complete samples kept{tail}")
 
 
-def _samples(uri: str, shard_key: str, tf: tarfile.TarFile, size: int) -> Iterator[ShardSample]:
+def _member_bytes(tf: tarfile.TarFile, info: tarfile.TarInfo,
+                  max_bytes: int | None) -> bytes | int:
+    """A member's bytes, or its size (an int) when over ``max_bytes``: known from the
+    header, unread; a link member's target is read up to ``max_bytes + 1`` bytes."""
+    if max_bytes is not None and info.size > max_bytes:
+        return info.size
+    fobj = tf.extractfile(info)
+    if fobj is None:
+        return b""
+    data = fobj.read() if max_bytes is None else fobj.read(max_bytes + 1)
+    return len(data) if max_bytes is not None and len(data) > max_bytes else data
+
+
+def _sample(uri: str, key: str, data: dict[str, bytes | int],
+            max_bytes: int | None) -> ShardSample:
+    """The sample of ``data`` (``_member_bytes`` values), or a ``too_large`` error row."""
+    big = {ext: n for ext, n in data.items() if isinstance(n, int)}
+    if big:
+        ext, n = next(iter(big.items()))
+        return _error_row(uri, key, ErrorReason.TOO_LARGE,
+                          f"key '{key}' in shard {fs.display_uri(uri)}: member '{ext}' of "
+                          f"{n} bytes > max_bytes {max_bytes}")
+    return ShardSample(key=key, shard_uri=uri, members=data, error=None)
+
+
+def _samples(uri: str, shard_key: str, tf: tarfile.TarFile, size: int,
+             max_bytes: int | None = None) -> Iterator[ShardSample]:
     members, cut, cut_name = _scan(tf, size)
     plan = _plan(members, cut, cut_name)
     for key, positions in plan.by_key.items():          # dicts keep first-member order
@@ -302,14 +333,14 @@ def _samples(uri: str, shard_key: str, tf: tarfile.TarFile, size: int) -> Iterat
         try:
             data = {}
             for pos in positions:
-                fobj = tf.extractfile(plan.members[pos].info)
-                data[plan.members[pos].ext] = fobj.read() if fobj is not None else b""
+                data[plan.members[pos].ext] = _member_bytes(tf, plan.members[pos].info,
+                                                            max_bytes)
         except (OSError, tarfile.TarError, EOFError) as exc:
             yield _error_row(uri, shard_key, ErrorReason.READ_FAILED,
                              f"{fs.display_uri(uri)}: reading member of sample '{key}' "
                              f"failed: {exc}")
             return
-        yield ShardSample(key=key, shard_uri=uri, members=data, error=None)
+        yield _sample(uri, key, data, max_bytes)
 
     if cut is not None:
         yield _cut_row(uri, shard_key, cut, plan)
@@ -386,7 +417,8 @@ def _open_gz(path: str, last_block: list[bytes],
             tf.close()
 
 
-def _gz_samples(uri: str, shard_key: str, path: str, size: int) -> Iterator[ShardSample]:
+def _gz_samples(uri: str, shard_key: str, path: str, size: int,
+                max_bytes: int | None = None) -> Iterator[ShardSample]:
     name = fs.display_uri(uri)
     last_block: list[bytes] = []
     # Pass 1: headers only (member data decompressed and skipped, never kept).
@@ -421,7 +453,7 @@ def _gz_samples(uri: str, shard_key: str, path: str, size: int) -> Iterator[Shar
         by_offset = {m.info.offset: pos for pos, m in enumerate(plan.members)}
         last_needed = max(p[-1] if k not in plan.problems else p[0]
                           for k, p in plan.by_key.items())
-        data: dict[str, bytes] = {}
+        data: dict[str, bytes | int] = {}
         key = "?"
         try:
             holder2: list[_GzipSource] = []
@@ -437,10 +469,9 @@ def _gz_samples(uri: str, shard_key: str, path: str, size: int) -> Iterator[Shar
                         if pos == positions[0]:
                             yield _bad_row(uri, key, plan.problems[key])
                     else:
-                        fobj = tf.extractfile(info)
-                        data[member.ext] = fobj.read() if fobj is not None else b""
+                        data[member.ext] = _member_bytes(tf, info, max_bytes)
                         if pos == positions[-1]:
-                            yield ShardSample(key=key, shard_uri=uri, members=data, error=None)
+                            yield _sample(uri, key, data, max_bytes)
                             data = {}
                     if pos == last_needed:
                         break

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from pipeline.models.base import ModelBackend, ModelInfo, OutputField
+from pipeline.models.text import cap_chars
 from pipeline.models.torch_util import (copies_done, geometry_from_processor, l2_normalize,
                                         normalizer_for, pick_dtype, to_device, to_device_uint8,
                                         wait_for)
@@ -62,7 +63,8 @@ class DualEncoder(ModelBackend):
         if self.spec.score:
             texts = list(inputs["text"])
             prepared["has_text"] = np.array([t is not None for t in texts])
-            tokens = self.processor.tokenizer([t or "" for t in texts], padding=self.pad,
+            tokens = self.processor.tokenizer(cap_chars([t or "" for t in texts], self.max_tokens),
+                                              padding=self.pad,
                                               truncation=True, max_length=self.max_tokens,
                                               return_tensors="pt")
             for key, value in tokens.items():

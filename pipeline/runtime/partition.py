@@ -3,7 +3,9 @@
 ``run_partition`` is plain Python (no Ray), so the same assembled ``Pipeline`` runs
 inside a ``PartitionWorker`` actor, in a plain loop (benchmarks) and in tests. Model steps
 go through ``pipeline.steps.model.ModelStages``: at most ``max_in_flight`` batches wait on
-the models while the CPU steps go on with the next ones. Every datasink follows the
+the models while the CPU steps go on with the next ones. A batch read is cut by the
+estimated bytes of its decoded arrays (``runtime.max_batch_bytes``, ``runtime.budget``)
+before the CPU steps run. Every datasink follows the
 ``Datasink`` lifecycle; the commit marker is built from this attempt's ``AttemptStats``.
 """
 
@@ -22,10 +24,14 @@ from pipeline.columns import (ERROR, ERROR_REASON, PARTITION_ID, READ_ERROR, REJ
                               STATUS, Batch)
 from pipeline.errors import AssemblyError, PartitionError
 from pipeline.io import retry
-from pipeline.io.checkpoint import MARKER_VERSION, CheckpointStore, CommitMarker
+from pipeline.io.checkpoint import MARKER_VERSION, CheckpointStore, CommitMarker, verify_files
+from pipeline.io.generations import output_of
+from pipeline.io.job_lease import check_job_lease
+from pipeline.io.lease import AttemptLease
 from pipeline.io.datasink import WriteResult
 from pipeline.io.stats import AttemptStats
 from pipeline.records import Partition, Status
+from pipeline.runtime.budget import cut_batch
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +69,32 @@ def run_partition(pipeline: Pipeline, partition: Partition, attempt_id: str,
                   ) -> AttemptOutcome:
     """Run attempt ``attempt_id`` of ``partition`` through ``pipeline`` and commit it.
 
-    ``pool``: threads for reads and row steps. ``ran_on`` (e.g. worker name and Ray node
-    id) is recorded in the marker. Raises whatever the datasource, a step, a model or a
+    ``pool``: threads for reads and row steps. ``ran_on`` (e.g. worker name, Ray node
+    id and the driver's ``run_id``) is recorded in the marker. The attempt holds a lease
+    (``lease.AttemptLease``, renewed every ``runtime.lease_renew_s`` seconds) from before
+    its first file until after its commit, so ``mmpipe gc`` spares its files. Before the
+    commit it verifies every file it wrote (``checkpoint.verify_files``), that its lease
+    has at least a quarter of ``runtime.lease_s`` left and, with a ``run_id``, that the
+    run holds the output's job lease (``job_lease.check_job_lease``); any of these failing
+    raises ``CommitError``. Raises whatever the datasource, a step, a model or a
     datasink raises (the caller retries the partition), after this attempt's files are
     deleted; ``AssemblyError`` if a step wrote a column it did not declare;
     ``PartitionError`` if the rows written differ from the records read or planned (the
     accounting invariant: such an attempt never commits).
     """
+    rt = pipeline.spec.runtime
+    run_id = (ran_on or {}).get("run_id", "")
+    lease = AttemptLease(pipeline.spec.sink.uri, partition.partition_id, attempt_id,
+                         rt.lease_s, rt.lease_renew_s, run_id).start()
+    try:
+        return _attempt(pipeline, partition, attempt_id, pool, ran_on, lease)
+    finally:
+        lease.release()
+
+
+def _attempt(pipeline: Pipeline, partition: Partition, attempt_id: str,
+             pool: ThreadPoolExecutor, ran_on: dict[str, str] | None,
+             lease: AttemptLease) -> AttemptOutcome:
     started = time.time()
     pid = partition.partition_id
     spec = pipeline.spec
@@ -77,7 +102,6 @@ def run_partition(pipeline: Pipeline, partition: Partition, attempt_id: str,
     schema = pipeline.schema(partition)
     known = pipeline.writes | set(schema.names)
     pending: collections.deque = collections.deque()
-    models = pipeline.models
     read = 0
     for sink in pipeline.datasinks:
         sink.on_write_start(pid, attempt_id, schema)
@@ -89,12 +113,8 @@ def run_partition(pipeline: Pipeline, partition: Partition, attempt_id: str,
                                                             pool, stats):
                 batch = _start_batch(batch, pid)
                 read += len(batch[STATUS])
-                for step in pipeline.steps:
-                    batch = step(batch)
-                    _check_columns(batch, known, step.name)
-                pending.append(models.start(batch))
-                models.promote(pending)
-                _write_ready(pipeline, pending, stats, models.max_in_flight)
+                for part in cut_batch(batch, pipeline.steps, spec.runtime.max_batch_bytes):
+                    _run_steps(pipeline, part, known, pending, stats)
             _write_ready(pipeline, pending, stats, 1)
             _check_accounting(pid, pipeline.datasource.rows_planned(partition), read,
                               stats.rows_in)
@@ -104,6 +124,12 @@ def run_partition(pipeline: Pipeline, partition: Partition, attempt_id: str,
             sink.on_write_failed(e)
         raise
     marker = _marker(pipeline, partition, attempt_id, result, stats, started, ran_on)
+    try:
+        _check_commit(pipeline, marker, lease)
+    except BaseException as e:
+        for sink in pipeline.datasinks:
+            sink.on_write_failed(e)
+        raise
     committed = CheckpointStore(spec.sink.uri).commit(marker)
     if not committed:
         log.warning("partition %s: another attempt committed first; deleting attempt %s",
@@ -111,6 +137,29 @@ def run_partition(pipeline: Pipeline, partition: Partition, attempt_id: str,
         for sink in pipeline.datasinks:
             sink.on_write_failed(None)
     return AttemptOutcome(marker, committed, dict(stats.rows))
+
+
+def _run_steps(pipeline: Pipeline, batch: Batch, known: set[str],
+               pending: collections.deque, stats: AttemptStats) -> None:
+    """Run the CPU steps over ``batch``, hand it to the models, write what is ready."""
+    models = pipeline.models
+    for step in pipeline.steps:
+        batch = step(batch)
+        _check_columns(batch, known, step.name)
+    pending.append(models.start(batch))
+    models.promote(pending)
+    _write_ready(pipeline, pending, stats, models.max_in_flight)
+
+
+def _check_commit(pipeline: Pipeline, marker: CommitMarker, lease: AttemptLease) -> None:
+    """Before the marker: its files are intact, the attempt lease has time left, and the
+    run (if any) holds the job lease. Raises ``CommitError``."""
+    root = pipeline.spec.sink.uri
+    verify_files(root, marker)
+    run_id = marker.ran_on.get("run_id", "")
+    if run_id:
+        check_job_lease(output_of(root), run_id, marker.fingerprint)
+    lease.check(pipeline.spec.runtime.lease_s / 4)
 
 
 def _check_accounting(pid: str, planned: int | None, read: int, written: int) -> None:

@@ -18,6 +18,7 @@ from pipeline.errors import PlanError
 from pipeline.io import fs
 from pipeline.io import plan as planning
 from pipeline.io.checkpoint import CheckpointStore, CommitMarker
+from pipeline.io.committed import Committed
 from pipeline.spec import JobSpec
 
 
@@ -125,18 +126,26 @@ def _raise(e: OSError) -> None:
 
 
 def check_output(spec: JobSpec, pipeline) -> bool:
-    """The output location can take this spec under ``runtime.mode``: with
-    ``error-if-exists`` it is empty (``check_empty``); with ``resume`` its stored plan
-    was made for this source spec and no partition was committed under another
-    fingerprint (``committed_markers``); ``overwrite`` takes anything. Returns True when
-    there is nothing to run (``resume``, a stored plan, every planned partition committed
-    under ``pipeline.fingerprint``). Raises ``PlanError``."""
+    """The output location can take this spec under ``runtime.mode``: it overlaps no
+    input and is not a bucket root unless allowed (``generations.check_locations``); no
+    live job lease holds it (``job_lease.check_free``: ``OutputBusy`` names the holder); with
+    ``error-if-exists`` it is empty (``check_empty``); with ``resume`` the stored plan of
+    its newest generation was made for this source spec and nothing there was committed
+    under another fingerprint (``committed_markers``); ``overwrite`` writes a new
+    generation, so any content is fine. Returns True when there is nothing to run
+    (``resume``, a stored plan, every planned partition committed under
+    ``pipeline.fingerprint``). Raises ``PlanError``."""
+    from pipeline.io import generations, job_lease
+
     mode = spec.runtime.mode
+    generations.check_locations(spec)
+    job_lease.check_free(spec.sink.uri)
     if mode == "error-if-exists":
         check_empty(spec.sink.uri)
     elif mode == "resume":
-        plan = planning.check_stored_plan(spec.sink.uri, spec.source)
-        done = committed_markers(spec.sink.uri, pipeline)
+        root = generations.newest_root(spec.sink.uri)
+        plan = planning.check_stored_plan(root, spec.source)
+        done = committed_markers(root, pipeline)
         return plan is not None and all(pid in done for pid in plan.partition_ids)
     return False
 
@@ -148,15 +157,42 @@ def check_empty(output_uri: str) -> None:
                         "error-if-exists")
 
 
-def committed_markers(output_uri: str, pipeline) -> dict[str, CommitMarker]:
-    """The commit markers under ``output_uri`` written for ``pipeline.fingerprint``, keyed
-    by partition id. Raises ``PlanError`` (``foreign_output_message``) if any partition was
+def committed_markers(output_uri: str, pipeline) -> Committed:
+    """The partitions committed in the generation at ``output_uri`` (a generation root,
+    ``generations.newest_root``) for ``pipeline.fingerprint``, as a ``Committed`` mapping
+    (partition id -> marker; the ids from one listing of marker names, each marker read
+    only when asked for). The generation's record holds its fingerprint, and the job
+    lease keeps one fingerprint per generation, so no marker is read here; a generation
+    without a record (an output written before records existed) has every marker read
+    and checked. Raises ``PlanError`` (``foreign_output_message``) if partitions were
     committed under another fingerprint: resuming would mix two outputs."""
+    from pipeline.io.generations import record_of_root
+
     fp = pipeline.fingerprint
-    done, foreign = CheckpointStore(output_uri).committed(fp)
-    if foreign:
-        raise PlanError(foreign_output_message(output_uri, foreign, fp, pipeline.settings()))
-    return done
+    store = CheckpointStore(output_uri)
+    record = record_of_root(output_uri)
+    if record is None:
+        done, foreign = store.committed(fp)
+        if foreign:
+            raise PlanError(foreign_output_message(output_uri, foreign, fp, pipeline.settings()))
+        return Committed(store, done, done)
+    ids = store.committed_ids()
+    if ids and record.fingerprint != fp:
+        raise PlanError(foreign_generation_message(output_uri, len(ids), record, fp,
+                                                   pipeline.settings()))
+    return Committed(store, ids)
+
+
+def foreign_generation_message(output_uri: str, n_committed: int, record, fingerprint: str,
+                               settings: dict) -> str:
+    """Why a generation whose record holds another fingerprint is refused."""
+    changed = _diff(record.settings, settings) if record.settings else []
+    why = ("; settings changed: " + ", ".join(changed[:8])
+           + (f" (and {len(changed) - 8} more)" if len(changed) > 8 else "")) if changed else ""
+    return (f"{output_uri}: {n_committed} partitions were committed under another spec "
+            f"fingerprint ({record.fingerprint}, generation {record.generation}; this spec has "
+            f"{fingerprint}){why}. Resuming would mix two outputs: use --mode overwrite or a "
+            "new output location")
 
 
 def foreign_output_message(output_uri: str, foreign: dict[str, CommitMarker], fingerprint: str,

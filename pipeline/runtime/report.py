@@ -18,7 +18,8 @@ class JobReport:
     input totals (``PartitionPlan.totals``: inputs and records planned, objects not read
     by extension); ``rows_out``: rows of every committed partition. The job is complete
     only when every partition committed and, where the plan knows its records,
-    ``rows_out`` equals them.
+    ``rows_out`` equals them. ``run_id``: this run's id (``driver.new_run_id``), also in
+    its actors' Ray namespace (``metrics.job_namespace``) and in the markers' ``ran_on``.
     """
 
     job: str
@@ -41,6 +42,7 @@ class JobReport:
     inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
     rows_out: int = 0
     model_actors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    run_id: str = ""
 
     def add_marker(self, marker: CommitMarker, this_run: bool) -> None:
         """Count a committed partition's marker (``this_run``: committed by this run)."""
@@ -84,7 +86,8 @@ class JobReport:
         s = self.rows_by_status
         lines = [
             f"job {self.job!r}: {'complete' if self.complete else 'INCOMPLETE'} "
-            f"(fingerprint {self.fingerprint}, plan {self.plan})",
+            f"(fingerprint {self.fingerprint}, plan {self.plan}"
+            + (f", run {self.run_id})" if self.run_id else ")"),
             f"  partitions: {self.partitions_total} total, {len(self.partitions_committed)} "
             f"committed now, {len(self.partitions_skipped)} skipped (already committed), "
             f"{len(self.partitions_failed)} failed",

@@ -8,13 +8,15 @@ there is one; no Ray, no data files. ``format_status`` prints it for people,
 
 from __future__ import annotations
 
+import collections
 import json
 from typing import Any
 
 from pipeline.dedup.store import summary as dedup_summary
 from pipeline.errors import MmpipeError
-from pipeline.io import fs
+from pipeline.io import fs, generations
 from pipeline.io.checkpoint import CheckpointStore
+from pipeline.io.job_lease import current_job_lease
 from pipeline.io.layout import OutputLayout
 from pipeline.io.output import is_output
 from pipeline.io.plan import read_plan
@@ -41,14 +43,23 @@ def output_status(output_uri: str) -> dict[str, Any]:
     ``partitions_failed`` (partition id -> last error), ``partitions_pending``;
     ``rows_by_status``; ``dedup`` (``pipeline.dedup.store.summary``: the newest dedup
     generation and the duplicates of the newest complete one; None if the pass never
-    ran). Raises ``NotAnOutput`` if there is no ``_plan/`` and no
-    ``_checkpoints/`` at ``output_uri``.
+    ran). All of these describe the newest generation (``pipeline.io.generations``: the
+    one a running ``--mode overwrite`` job writes); ``generation`` is its number,
+    ``generations`` all numbers present, ``readable_generation`` the newest complete one
+    (what ``read_output``/``ls``/``export`` read; None if none is complete); ``runs``:
+    committed partitions by the run id that committed them (``""``: not recorded);
+    ``writer``: the run that holds the output's job lease now (None if none). Raises
+    ``NotAnOutput`` if there is no ``_plan/``, ``_checkpoints/`` or ``_generations/`` at
+    ``output_uri``.
     """
     if not is_output(output_uri):
         raise NotAnOutput(f"{output_uri} is not an mmpipe output (no _plan/ or _checkpoints/)")
-    layout = OutputLayout(output_uri)
-    plan = read_plan(output_uri)
-    store = CheckpointStore(output_uri)
+    gens = generations.list_generations(output_uri)
+    root = gens[-1].root if gens else output_uri      # the newest generation
+    readable = generations.newest_complete(gens)
+    layout = OutputLayout(root)
+    plan = read_plan(root)
+    store = CheckpointStore(root)
     markers = store.markers()
     failures = store.failures()
     success = _read_json(layout.success)
@@ -75,8 +86,24 @@ def output_status(output_uri: str) -> dict[str, Any]:
         "partitions_failed": {p: f.get("error", "") for p, f in sorted(failures.items())},
         "partitions_pending": max(0, total - len(markers) - len(failures)),
         "rows_by_status": rows,
-        "dedup": dedup_summary(output_uri),
+        "dedup": dedup_summary(root),
+        "generation": gens[-1].number if gens else None,
+        "generations": [g.number for g in gens],
+        "readable_generation": readable.number if readable else None,
+        "runs": dict(sorted(collections.Counter(
+            m.ran_on.get("run_id", "") for m in markers.values()).items())),
+        "writer": _writer(output_uri),
     }
+
+
+def _writer(output_uri: str) -> dict[str, Any] | None:
+    """The run holding the output's job lease now (``LeaseRecord`` fields, ``describe``
+    as ``holder``), or None when no live run writes it."""
+    _, record = current_job_lease(output_uri)
+    if record is None or not record.live():
+        return None
+    return {"run_id": record.run_id, "job": record.job, "host": record.host,
+            "pid": record.pid, "holder": record.describe()}
 
 
 def _read_json(uri: str) -> dict[str, Any]:
@@ -131,5 +158,14 @@ def format_status(status: dict[str, Any]) -> str:
             line += (f"; {d['duplicates']} duplicates ({kinds}) in generation "
                      f"{d['complete_generation']}")
         lines.append(line)
+    if len(s.get("generations") or []) > 1 or (s.get("generation") or 1) > 1:
+        lines.append(f"  generation {s['generation']} of {s['generations']}; readers see "
+                     f"generation {s['readable_generation'] or '(none complete)'}")
+    runs = s.get("runs") or {}
+    if runs:
+        lines.append("  runs: " + ", ".join(f"{r or '(not recorded)'} ({n} partitions)"
+                                            for r, n in runs.items()))
+    if s.get("writer"):
+        lines.append(f"  running now: {s['writer']['holder']}")
     lines.append(f"  output: {s['output']}")
     return "\n".join(lines)

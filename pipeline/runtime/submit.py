@@ -10,6 +10,11 @@ reaches the cluster in one of two ways:
 - ``installed``: the cluster image already has mmpipe (the Dockerfile); only the spec file
   is uploaded, so its inputs and outputs must be absolute or ``s3://`` URIs.
 
+``.env`` files (any ``.env`` / ``.env.*``) and, when it is a local path inside the working
+dir, the job's output location are left out of the upload too. ``--env`` values never
+go into the job's ``runtime_env.env_vars`` (the job API shows those to anyone): they
+travel in a package of their own (``pipeline.runtime.job_env``).
+
 The Ray auth token (Ray >= 2.52 token authentication; KubeRay ``authOptions``) is read from
 ``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``, and
 sent as ``Authorization: Bearer``. Nothing here retries a failed job: resubmitting the same
@@ -32,12 +37,14 @@ import uuid
 from pathlib import Path
 
 from pipeline.errors import MmpipeError
+from pipeline.runtime import job_env
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "output", "bench/out", "tests",
-                        ".pytest_cache", "*.egg-info", "**/__pycache__", "*.pyc"]
+                        ".pytest_cache", "*.egg-info", "**/__pycache__", "*.pyc",
+                        ".env", ".env.*", "**/.env", "**/.env.*"]
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # ``mmpipe run`` sets these itself (ray.init runtime_env); Ray refuses a job whose
 # runtime_env sets the same variable, so they may not be passed with --env.
@@ -139,16 +146,31 @@ def run_args(spec_rel: str, sets: list[str], input_uri: str | None, output_uri: 
     return args
 
 
+def output_exclude(root: Path, output_uri: str | None) -> list[str]:
+    """The ``excludes`` pattern (gitignore syntax, anchored at ``root``) of a local output
+    location inside ``root``, so a job's earlier output is never uploaded; ``[]`` for an
+    ``s3://`` output or one outside ``root``."""
+    if not output_uri or "://" in output_uri and not output_uri.startswith("file://"):
+        return []
+    out = Path(output_uri.removeprefix("file://")).expanduser()
+    out = (out if out.is_absolute() else root / out).resolve()
+    if out == root or not out.is_relative_to(root):
+        return []
+    return ["/" + out.relative_to(root).as_posix()]
+
+
 def submit(spec_path: str, run_argv: list[str], *, address: str | None = None,
            working_dir: str | None = None, installed: bool = False,
            env: dict[str, str] | None = None, job_name: str = "job",
-           submission_id: str | None = None, metadata: dict[str, str] | None = None
-           ) -> Submission:
+           submission_id: str | None = None, metadata: dict[str, str] | None = None,
+           output_uri: str | None = None) -> Submission:
     """Submit ``mmpipe run`` for ``spec_path``; ``run_argv`` are the run options after SPEC.
 
     The job's Python is this process's interpreter when the head is on a loopback address
-    and not ``installed`` (``entrypoint``), else ``python`` on the head's PATH. Raises
-    ``SubmitError``."""
+    and not ``installed`` (``entrypoint``), else ``python`` on the head's PATH. ``env``
+    values reach every process of the job through ``job_env`` (never the job's
+    ``env_vars``). ``output_uri`` (the job's output) is left out of the upload when it is
+    a local path inside the working dir. Raises ``SubmitError``."""
     bad = sorted(set(env or {}) & set(RESERVED_ENV))
     if bad:
         raise SubmitError(f"--env {', '.join(bad)}: set by mmpipe run itself")
@@ -164,18 +186,24 @@ def submit(spec_path: str, run_argv: list[str], *, address: str | None = None,
         if not spec.is_relative_to(root):
             raise SubmitError(f"{spec_path}: the spec must be inside the working dir {root} "
                               "(it is uploaded with it)")
-        spec_rel, excludes = spec.relative_to(root).as_posix(), WORKING_DIR_EXCLUDES
+        spec_rel = spec.relative_to(root).as_posix()
+        excludes = WORKING_DIR_EXCLUDES + output_exclude(root, output_uri)
     python = None if installed or not is_loopback(address) else sys.executable
     command = entrypoint(run_args(spec_rel, [], None, None, None) + run_argv, python)
-    runtime_env = {"working_dir": str(root), "excludes": excludes,
-                   "env_vars": dict(env or {})}
+    runtime_env: dict = {"working_dir": str(root), "excludes": excludes, "env_vars": {}}
+    secrets = Path(tempfile.mkdtemp(prefix="mmpipe-env-")) if env else None
+    if secrets:
+        pkg = job_env.write_package(dict(env), secrets)
+        runtime_env["py_modules"] = [str(pkg)]
+        runtime_env["env_vars"] = {job_env.ENV_MODULE: pkg.name}
     sid = submission_id or f"mmpipe-{job_name}-{uuid.uuid4().hex[:8]}"
-    jobs = client(address)
     try:
+        jobs = client(address)
         sid = _submit_with_retry(jobs, command, runtime_env, sid, metadata or {})
     finally:
-        if staging:
-            shutil.rmtree(staging, ignore_errors=True)
+        for tmp in (staging, secrets):
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
     return Submission(sid, jobs.get_address(), command)
 
 

@@ -11,7 +11,7 @@ import ray
 from pipeline.assembly import assemble
 from pipeline.io import fs
 from pipeline.io.plan import read_partition
-from pipeline.runtime import chaos, metrics
+from pipeline.runtime import chaos, job_env, metrics, scratch
 from pipeline.runtime.model_pool import worker_models
 from pipeline.runtime.partition import AttemptOutcome, run_partition
 from pipeline.runtime.report import objects_phrase
@@ -26,14 +26,23 @@ class PartitionWorker:
     ``run(partition, attempt_id)`` calls one by one.
 
     ``model_pools`` are the started ``ModelPool``s (empty when no model step is enabled);
-    ``fingerprint`` is the driver's, checked against this worker's assembly.
+    ``fingerprint`` is the driver's, checked against this worker's assembly; ``run_id``
+    the driver's run id, recorded in each commit marker's ``ran_on``. Storage settings
+    (endpoint, region, retries) come from the spec, never this process's environment.
     """
 
-    def __init__(self, spec_json: str, fingerprint: str, index: int, model_pools: list):
+    def __init__(self, spec_json: str, fingerprint: str, index: int, model_pools: list,
+                 run_id: str = ""):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        job_env.apply()  # `mmpipe submit --env` values, before storage is configured
         self.spec = JobSpec.model_validate_json(spec_json)
-        fs.configure(**self.spec.storage.model_dump())
-        self.index = index
+        # stage temp files in a directory of our own; dead workers' ones are removed now
+        self.staging = scratch.claim(self.spec.video.temp_dir)
+        if self.spec.video.temp_dir:
+            self.spec = self.spec.model_copy(update={"video": self.spec.video.model_copy(
+                update={"temp_dir": str(self.staging.path)})})
+        fs.configure(**self.spec.storage.model_dump(), from_env=False)
+        self.index, self.run_id = index, run_id
         self.metrics = metrics.WorkerMetrics(self.spec.name, index)
         self.pool = ThreadPoolExecutor(self.spec.runtime.decode_threads)
         models = worker_models(model_pools, index, wrap=self.metrics.count_model_calls)
@@ -51,6 +60,7 @@ class PartitionWorker:
         metrics.show_actor_state(self)  # the log prefix names the partition in hand
         started = time.perf_counter()
         chaos.maybe_kill_worker(partition_id)
+        chaos.maybe_hang(partition_id)
         partition = read_partition(self.spec.sink.uri, partition_id)
         planned = self.pipeline.datasource.rows_planned(partition)
         log.info("partition %s: attempt %s started (%s records from %s)",
@@ -60,7 +70,8 @@ class PartitionWorker:
         try:
             out = run_partition(self.pipeline, partition, attempt_id, self.pool,
                                 ran_on={"worker": f"PartitionWorker-{self.index}",
-                                        "node_id": ray.get_runtime_context().get_node_id()})
+                                        "node_id": ray.get_runtime_context().get_node_id(),
+                                        "run_id": self.run_id})
         except BaseException:
             self.metrics.partition_failed(time.perf_counter() - started)
             raise

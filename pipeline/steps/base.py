@@ -50,6 +50,12 @@ class Step:
     def start_partition(self, partition_id: str) -> None:
         """Reset per-partition state (e.g. dedup tables); the default does nothing."""
 
+    def decoded_bytes(self, batch: Batch, i: int) -> int:
+        """Bytes of decoded arrays this step will hold for row ``i``, estimated before the
+        batch runs (from headers; ``runtime.max_batch_bytes`` cuts batches by it); the
+        default is 0 (a step that decodes nothing)."""
+        return 0
+
     def __call__(self, batch: Batch) -> Batch:
         raise NotImplementedError
 

@@ -12,7 +12,10 @@ Flags (list of str): ``missing_caption`` (null, blank or absent), ``caption_key_
 ``source.caption_column`` key, ``records.CaptionKeyMissing``), ``non_string_caption``
 (a number, bool, dict, ...; stored as its JSON text), ``from_list`` (a list: its first
 non-blank string is ``caption``, all of them are ``captions``), ``long_caption`` (longer
-than ``long_caption_chars`` characters; the caption is stored in full), ``replacement_char`` (the text held U+FFFD
+than ``long_caption_chars`` characters; the caption is stored in full), ``caption_truncated``
+(longer than ``max_caption_chars`` characters: cut to that many; bytes are cut to
+``4 * max_caption_chars + 4`` before decoding, so a huge caption costs no more than a
+long one), ``replacement_char`` (the text held U+FFFD
 before any decoding here, i.e. neither ``invalid_utf8`` nor ``lone_surrogate`` made it),
 and the decoding flags of ``pipeline.text``: ``encoding_fixed`` (bytes were not UTF-8 and
 were decoded with the fallback encoding, cp1252 by default), ``invalid_utf8``
@@ -34,6 +37,7 @@ from pipeline.text import INVALID_UTF8, LONE_SURROGATE, clean_text, decode_text
 
 _BYTES = (bytes, bytearray, memoryview)
 CAPTION_KEY_MISSING = "caption_key_missing"
+CAPTION_TRUNCATED = "caption_truncated"
 
 
 def _is_text(value: Any) -> bool:
@@ -80,6 +84,11 @@ def _normalize_one(raw: Any, spec: CaptionSpec) -> tuple[str | None, list[str]]:
     if isinstance(raw, CaptionKeyMissing):
         return None, [CAPTION_KEY_MISSING, "missing_caption"]
     flags: list[str] = []
+    limit = spec.max_caption_chars
+    if isinstance(raw, _BYTES) and len(raw) > 4 * limit + 4:  # UTF-8/16/32: <= 4 bytes/char
+        raw, flags = bytes(raw[:4 * limit + 4]), [CAPTION_TRUNCATED]
+    elif isinstance(raw, str) and len(raw) > 2 * limit + 2:   # cleaning only removes chars
+        raw, flags = raw[:2 * limit + 2], [CAPTION_TRUNCATED]
     if isinstance(raw, _BYTES):
         raw, more = decode_text(bytes(raw), spec.fallback_encoding)
         flags += more
@@ -92,6 +101,9 @@ def _normalize_one(raw: Any, spec: CaptionSpec) -> tuple[str | None, list[str]]:
     if raw is None or not raw.strip():
         return None, flags + ["missing_caption"]
     text = raw.strip()
+    if len(text) > limit:
+        text = text[:limit].rstrip()
+        flags += [] if CAPTION_TRUNCATED in flags else [CAPTION_TRUNCATED]
     if "\ufffd" in text and INVALID_UTF8 not in flags and LONE_SURROGATE not in flags:
         flags.append("replacement_char")
     if len(text) > spec.long_caption_chars:

@@ -90,7 +90,7 @@ try:  # HEIC/HEIF through libheif; AVIF uses Pillow's own AVIF plugin (Pillow >=
 except ImportError:  # pragma: no cover - then HEIF decodes to unsupported_format
     pillow_heif = None
 
-__all__ = ["DEFAULT_MAX_PIXELS", "DecodedImage", "decode_image", "sniff_format"]
+__all__ = ["DEFAULT_MAX_PIXELS", "DecodedImage", "decode_image", "decoded_size", "sniff_format"]
 
 #: Pillow's default ``Image.MAX_IMAGE_PIXELS`` (1024 * 1024 * 1024 // 4 // 3): about
 #: 0.25 GiB of 24-bit pixels.
@@ -179,7 +179,8 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
                           f"{fmt.lower()}: {fmt} images are not rasterized")
     if fmt not in RASTER_FORMATS:
         what = f"looks like {fmt}" if fmt else "no known image signature"
-        raise RecordError(ErrorReason.NOT_AN_IMAGE.value, f"{what} (starts with {data[:16]!r})")
+        # The message never quotes the input's bytes (they may be a secret read by mistake).
+        raise RecordError(ErrorReason.NOT_AN_IMAGE.value, f"{what} ({len(data)} bytes)")
 
     try:
         try:
@@ -224,6 +225,28 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
     return DecodedImage(pixels=pixels, width=width, height=height, format=fmt, mime=mime,
                         n_frames=n_frames, is_animated=is_animated, has_alpha=has_alpha,
                         flags=flags)
+
+
+def decoded_size(data: bytes, draft_min_side_px: int | None = None) -> int:
+    """Bytes of the (H, W, 3) uint8 array ``decode_image`` would make from ``data``,
+    estimated from the header alone (no pixel is decoded): width * height * 3, with a
+    JPEG's draft scale applied as ``decode_image`` applies it. 0 when the header cannot be
+    read (decoding then fails with the real reason). Never raises."""
+    fmt = sniff_format(data) if data else None
+    if fmt not in RASTER_FORMATS:
+        return 0
+    try:
+        im = _open_header(data, fmt)
+        with im:
+            width, height = im.size
+            is_jpeg = isinstance(im, JpegImagePlugin.JpegImageFile)
+    except Exception:  # noqa: BLE001 - an estimate: decode_image reports the real error
+        return 0
+    scale = 1
+    if draft_min_side_px and is_jpeg:
+        while scale < 8 and min(width, height) // (2 * scale) >= draft_min_side_px:
+            scale *= 2
+    return -(-width // scale) * -(-height // scale) * 3
 
 
 def _open_header(data: bytes, fmt: str) -> ImageFile.ImageFile:

@@ -19,7 +19,7 @@ from pipeline.columns import (DECODE_FLAGS, FORMAT, HAS_ALPHA, HEIGHT, IMAGE, IM
 from pipeline.records import RejectReason
 from pipeline.spec import DecodeSpec, FilterSpec, ResizeSpec
 from pipeline.steps.base import Filter, RowStep, Step
-from pipeline.steps.decode import decode_image
+from pipeline.steps.decode import decode_image, decoded_size
 
 
 class DecodeStep(RowStep):
@@ -40,6 +40,10 @@ class DecodeStep(RowStep):
     def settings(self):
         # draft_min_side_px is derived from resize and the models, both hashed already
         return {"max_pixels": self.spec.max_pixels}
+
+    def decoded_bytes(self, batch, i):
+        """Header estimate of row ``i``'s ``_pixels`` (bytes; ``decode.decoded_size``)."""
+        return decoded_size(batch[SOURCE_BYTES][i] or b"", self.draft_min_side_px)
 
     def process_row(self, batch, i):
         img = decode_image(batch[SOURCE_BYTES][i], max_pixels=self.spec.max_pixels,

@@ -52,6 +52,11 @@ in ``decode_errors`` and skipped; a result with errors and >= 1 frame has
 ``partial=True``. Decoding stops after ``MAX_PACKETS`` packets or ``DECODE_BUDGET_S``
 seconds (counted as one decode error, so the result is partial), so a broken file can
 never loop forever.
+
+Bounds per video (``VideoSpec``): ``too_large`` when the stream's coded size or any decoded
+frame has more than ``max_frame_pixels`` pixels (checked on the stream header before the
+first packet is decoded, and on every frame); ``decode_timeout`` when decoding (all passes
+together) takes more than ``max_decode_s`` seconds.
 """
 
 from __future__ import annotations
@@ -157,15 +162,56 @@ def thin_evenly(items: list[Any], cap: int) -> list[Any]:
     return [items[i] for i in idx]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Limits:
+    """Per-video bounds: ``max_frame_pixels`` (pixels) and ``deadline`` (``time.monotonic``
+    seconds) after which decoding raises ``decode_timeout``; ``max_decode_s`` names it."""
+
+    max_frame_pixels: int
+    max_decode_s: float
+    deadline: float
+
+    @classmethod
+    def of(cls, spec: VideoSpec) -> "_Limits":
+        return cls(spec.max_frame_pixels, spec.max_decode_s,
+                   time.monotonic() + spec.max_decode_s)
+
+    def check_size(self, width: int, height: int, what: str) -> None:
+        """Raise ``RecordError`` (``too_large``) if ``width * height`` exceeds the limit."""
+        if width * height > self.max_frame_pixels:
+            raise RecordError(ErrorReason.TOO_LARGE.value,
+                              f"{what} {width}x{height} ({width * height} pixels) exceeds "
+                              f"video.max_frame_pixels={self.max_frame_pixels}")
+
+    def check_time(self) -> None:
+        """Raise ``RecordError`` (``decode_timeout``) once the deadline has passed."""
+        if time.monotonic() > self.deadline:
+            raise RecordError(ErrorReason.DECODE_TIMEOUT.value,
+                              f"decoding took longer than video.max_decode_s="
+                              f"{self.max_decode_s:g} s")
+
+
+def _check_stream_size(stream, limits: _Limits) -> None:
+    """Refuse a stream whose header declares frames over the limit (0x0: unknown yet)."""
+    ctx = stream.codec_context
+    limits.check_size(int(ctx.width or 0), int(ctx.height or 0), "video stream")
+
+
 class _Decoder:
     """One decode pass over the video stream: yields (frame, time_s) in decode order."""
 
-    def __init__(self, path: str, max_packets: int, budget_s: float):
+    def __init__(self, path: str, max_packets: int, budget_s: float, limits: _Limits):
         self.container = _open(path)
         self.stream = _video_stream(self.container, path)
+        try:
+            _check_stream_size(self.stream, limits)
+        except RecordError:
+            self.container.close()
+            raise
         self.errors = 0
         self.max_packets = max_packets
         self.budget_s = budget_s
+        self.limits = limits
 
     def frames(self):
         deadline = time.monotonic() + self.budget_s
@@ -173,6 +219,7 @@ class _Decoder:
         n_packets = 0
         prev_end: float | None = None
         while True:
+            self.limits.check_time()
             if n_packets >= self.max_packets or time.monotonic() > deadline:
                 self.errors += 1  # budget exhausted: stop, the result is partial
                 return
@@ -188,6 +235,7 @@ class _Decoder:
                 decoded = packet.decode() if packet is not None else \
                     self.stream.codec_context.decode(None)
                 for frame in decoded:
+                    self.limits.check_size(frame.width, frame.height, "video frame")
                     t = frame.time
                     if t is None:  # no pts: continue from the previous frame
                         t = prev_end if prev_end is not None else 0.0
@@ -252,17 +300,21 @@ def _frame_duration_s(frame) -> float:
     return float(d * frame.time_base)
 
 
-def _packet_times(path: str, max_packets: int, budget_s: float) -> tuple[list[float], int]:
-    """Demux-only pass: sorted pts (seconds) of the video packets, and demux errors."""
+def _packet_times(path: str, max_packets: int, budget_s: float,
+                  limits: _Limits) -> tuple[list[float], int]:
+    """Demux-only pass: sorted pts (seconds) of the video packets, and demux errors.
+    Raises ``RecordError`` (``too_large``, ``decode_timeout``: ``_Limits``)."""
     container = _open(path)
     try:
         stream = _video_stream(container, path)
+        _check_stream_size(stream, limits)
         tb = stream.time_base
         times: list[float] = []
         errors = 0
         deadline = time.monotonic() + budget_s
         demux = container.demux(stream)
         for _ in range(max_packets):
+            limits.check_time()
             if time.monotonic() > deadline:
                 break
             try:
@@ -313,9 +365,10 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
     """Decode the local video file ``path`` and sample frames per ``spec`` (see module doc).
 
     Raises ``RecordError`` with reason ``empty_file``, ``read_failed``,
-    ``corrupt_container``, ``no_video_stream`` (audio only, or only an attached picture)
-    or ``no_frames``. ``max_packets`` and ``budget_s`` (seconds)
-    bound each pass over the file.
+    ``corrupt_container``, ``no_video_stream`` (audio only, or only an attached picture),
+    ``no_frames``, ``too_large`` (a frame over ``spec.max_frame_pixels`` pixels) or
+    ``decode_timeout`` (over ``spec.max_decode_s`` seconds in all). ``max_packets`` and
+    ``budget_s`` (seconds) bound each pass over the file (the result is then partial).
     """
     try:
         size = os.stat(path).st_size
@@ -325,15 +378,16 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
         raise RecordError(ErrorReason.EMPTY_FILE.value, f"{path} has 0 bytes")
 
     cap = spec.max_frames
+    limits = _Limits.of(spec)
     targets: list[float] | None = None
     pre_errors = 0
     if spec.sampling == "uniform":
-        times, pre_errors = _packet_times(path, max_packets, budget_s)
+        times, pre_errors = _packet_times(path, max_packets, budget_s, limits)
         if times:
             n = min(spec.num_frames, cap)
             targets = np.linspace(times[0], times[-1], n).tolist() if n > 1 else [times[0]]
 
-    dec = _Decoder(path, max_packets, budget_s)
+    dec = _Decoder(path, max_packets, budget_s, limits)
     try:
         codec = dec.stream.codec_context.name
         container = _container_name(dec.container, path)
@@ -419,6 +473,27 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
         partial=errors > 0, decode_errors=errors)
 
 
+def decoded_frames_bytes(path: str, spec: VideoSpec) -> int:
+    """Bytes of the RGB frames ``decode_video`` would keep for ``path``, estimated from
+    the stream header: coded width * height * 3 times the frames sampled at most
+    (``uniform``: min(num_frames, max_frames); other modes: max_frames). 0 when the
+    header cannot be read or the size is over ``max_frame_pixels`` (the row then fails
+    before decoding). Never raises."""
+    try:
+        with av.open(path, metadata_errors="ignore") as container:
+            streams = [s for s in container.streams.video if not _is_attached_picture(s)]
+            if not streams:
+                return 0
+            pixels = int(streams[0].codec_context.width or 0) * int(
+                streams[0].codec_context.height or 0)
+    except Exception:  # noqa: BLE001 - an estimate: decode_video reports the real error
+        return 0
+    if pixels > spec.max_frame_pixels:
+        return 0
+    n = min(spec.num_frames, spec.max_frames) if spec.sampling == "uniform" else spec.max_frames
+    return pixels * 3 * n
+
+
 def file_sha256(path: str) -> str:
     """Hex sha256 of the file at ``path``, streamed."""
     with open(path, "rb") as f:
@@ -444,6 +519,11 @@ class VideoDecodeStep(RowStep):
 
     def settings(self):
         return self.spec.model_dump(mode="json", exclude={"temp_dir"})  # where, not what
+
+    def decoded_bytes(self, batch, i):
+        """Header estimate of row ``i``'s ``_frames`` (bytes; ``decoded_frames_bytes``)."""
+        path = batch[SOURCE_PATH][i]
+        return decoded_frames_bytes(path, self.spec) if path else 0
 
     def process_row(self, batch, i):
         path = batch[SOURCE_PATH][i]

@@ -27,13 +27,13 @@ def markers(out: str) -> dict[str, str]:
     return {p: m.attempt_id for p, m in CheckpointStore(out).markers().items()}
 
 
-def start_cluster(tries: int = 3) -> Cluster:
-    """The head (no CPUs), on fresh ports; retried because a loaded machine can make the GCS
-    miss Ray's start-up deadline."""
+def start_cluster(tries: int = 3, num_cpus: int = 0) -> Cluster:
+    """The head (``num_cpus``, default none), on fresh ports; retried because a loaded
+    machine can make the GCS miss Ray's start-up deadline."""
     for attempt in range(1, tries + 1):
         try:
             return Cluster(initialize_head=True, head_node_args={
-                "num_cpus": 0, "redis_port": free_port(), "dashboard_port": free_port(),
+                "num_cpus": num_cpus, "redis_port": free_port(), "dashboard_port": free_port(),
                 "_system_config": {"health_check_period_ms": 1000,
                                    "health_check_failure_threshold": 3}})
         except RuntimeError:

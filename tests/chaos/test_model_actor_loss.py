@@ -24,17 +24,18 @@ def test_model_actor_killed_mid_job(ray_local, tmp_path):
         "text_embedding.replicas=2", "text_embedding.num_cpus=0.25", "name=actorloss"],
         input_uri=str(REPO / "data/photos/captions.jsonl"), output_uri=out)
     reports = {}
-    job = threading.Thread(target=lambda: reports.update(r=run_job(spec)))
+    job = threading.Thread(target=lambda: reports.update(r=run_job(spec, run_id="r1")))
     job.start()
     store = CheckpointStore(out)
     deadline = time.time() + 240
     while len(store.markers()) < 3 and time.time() < deadline:
         time.sleep(0.1)
-    victim = ray.get_actor("ModelActor-text_embedding-0", namespace=job_namespace(spec.name))
+    victim = ray.get_actor("ModelActor-text_embedding-0", namespace=job_namespace(spec.name, "r1"))
     ray.kill(victim, no_restart=True)
     killed_after = len(store.markers())
     job.join(300)
     report = reports["r"]
+    assert report.run_id == "r1"
     assert report.complete and killed_after < PARTITIONS
     assert len(report.partitions_committed) == PARTITIONS
     assert all(len(a) == 1 for a in report.attempts.values())   # no partition had to rerun

@@ -100,6 +100,12 @@ def test_gpu_values_add_an_autoscaled_gpu_group(helm_bin):
         pod["tolerations"]
     assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
     assert "nvidia.com/gpu" not in json.dumps(groups["cpu"])
+    # PartitionWorkers of the chart's job specs ask for mmpipe_cpu: only the CPU group has it
+    assert groups["cpu"]["resources"] == {"mmpipe_cpu": "1000"}
+    assert "resources" not in gpu
+    (configmap,) = by_kind(render(helm_bin, VALUES["gpu-values"]))["ConfigMap"]
+    job = yaml.safe_load(configmap["data"]["job.yaml"])
+    assert job["runtime"]["worker_resources"] == {"mmpipe_cpu": 1}
 
 
 def test_rayjob_values_render_a_resumable_rayjob(helm_bin):
@@ -189,6 +195,8 @@ OVERRIDES = {
 }
 # overrides the operator would reject: helm fails with this message instead
 REJECTED = {
+    "ray-resources-twice": (["worker.rayStartParams.resources=custom"],
+                            "set rayResources or rayStartParams.resources, not both"),
     "min-above-max": (["worker.minReplicas=5", "worker.maxReplicas=2"],
                       "minReplicas (5) is greater than maxReplicas (2)"),
     "idle-timeout-on-v1": (["head.autoscalerOptions.version=v1", "worker.idleTimeoutSeconds=60"],

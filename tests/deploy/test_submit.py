@@ -130,6 +130,8 @@ class FakeJobs:
 
     def submit_job(self, **kwargs):
         self.calls.append(kwargs)
+        self.packages = {Path(p).name: json.loads((Path(p) / "env.json").read_text())
+                         for p in kwargs["runtime_env"].get("py_modules", [])}
         return kwargs["submission_id"]
 
     def get_address(self):
@@ -165,12 +167,16 @@ def test_submit_packages_the_checkout_or_only_the_spec(monkeypatch, tmp_path, in
                                  capture_output=True, check=True, env={"PATH": str(tmp_path)})
             assert ran.stdout.strip() == expected
     env = call["runtime_env"]
-    assert env["env_vars"] == {"AWS_REGION": "eu-west-1"}
+    # the --env value travels in a package of its own, never in the job's env_vars
+    (package,) = jobs.packages
+    assert env["env_vars"] == {"MMPIPE_JOB_ENV_MODULE": package}
+    assert jobs.packages[package] == {"AWS_REGION": "eu-west-1"}
+    assert "eu-west-1" not in json.dumps(call) and not Path(env["py_modules"][0]).exists()
     if installed:       # a staging dir with the spec only, removed after the upload
         assert env["excludes"] == [] and not Path(env["working_dir"]).exists()
     else:
         assert env["working_dir"] == str(REPO)
-        assert {".venv", "output", "bench/out", ".git"} <= set(env["excludes"])
+        assert {".venv", "output", "bench/out", ".git", ".env", "**/.env"} <= set(env["excludes"])
     assert sub.dashboard_url == "http://head:8265/#/jobs/mmpipe-q-1"
 
 
@@ -206,3 +212,63 @@ def test_address_and_token_resolution(monkeypatch, tmp_path):
     assert submit.auth_token() == "from-path"
     monkeypatch.setenv("RAY_AUTH_TOKEN", "from-env")
     assert submit.auth_token() == "from-env"
+
+
+def test_env_files_and_a_local_output_are_not_uploaded(tmp_path):
+    """``.env`` files and the job's output location stay out of the working_dir upload
+    (checked with Ray's own exclude matcher on a real directory tree)."""
+    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
+
+    root = tmp_path / "checkout"
+    for rel in ("pipeline/__init__.py", "examples/job.yaml", ".env", "deploy/.env.prod",
+                "data/out/_SUCCESS", "data/in/a.jpg", "environment.md"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x")
+    excludes = submit.WORKING_DIR_EXCLUDES + submit.output_exclude(root, str(root / "data/out"))
+    files: list[Path] = []
+    _dir_travel(root, [_get_excludes(root, excludes)],
+                lambda p: files.append(p) if p.is_file() else None, include_gitignore=False)
+    kept = sorted(p.relative_to(root).as_posix() for p in files)
+    assert kept == ["data/in/a.jpg", "environment.md", "examples/job.yaml",
+                    "pipeline/__init__.py"]
+    assert submit.output_exclude(root, "s3://bucket/out") == []
+    assert submit.output_exclude(root, str(tmp_path / "elsewhere")) == []
+
+
+def test_job_env_package_round_trip(tmp_path, monkeypatch):
+    """What a job's process does with the package: ``apply`` sets the values; mmpipe prints
+    the keys only."""
+    from pipeline.runtime import job_env
+
+    pkg = job_env.write_package({"MMPIPE_T_SECRET": "hunter2"}, tmp_path)
+    assert (pkg / "env.json").stat().st_mode & 0o777 == 0o600
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(job_env.ENV_MODULE, pkg.name)
+    monkeypatch.delenv("MMPIPE_T_SECRET", raising=False)
+    assert job_env.apply() == ["MMPIPE_T_SECRET"]
+    assert os.environ["MMPIPE_T_SECRET"] == "hunter2"
+    assert job_env.describe({"MMPIPE_T_SECRET": "hunter2"}) == "MMPIPE_T_SECRET (values not shown)"
+
+
+def test_env_values_reach_the_job_but_not_the_job_api(head, env, tmp_path, monkeypatch):
+    """``--env`` values were readable by anyone with the job API (the job's runtime_env):
+    now the job API, the logs and mmpipe's own output hold none, and the job's workers still
+    get them (the chaos variable makes the worker of p-000000 exit, so it fails)."""
+    import uuid
+
+    secret = f"s3cr3t-{uuid.uuid4().hex}"
+    done = mmpipe("submit", "examples/quickstart.yaml", "--address", head.dashboard_url,
+                  "--output", str(tmp_path / "out"), "--set", "source.partition_size=57",
+                  "--set", "text_embedding.enabled=false", "--set", "runtime.max_attempts=1",
+                  "--env", "MMPIPE_CHAOS_KILL_WORKER_ON=p-000000",
+                  "--env", f"MMPIPE_T_SECRET={secret}", "--wait", env=env)
+    sid = submission_id(done.stdout)
+    assert done.returncode == 1 and "FAILED p-000000" in done.stdout, done.stdout + done.stderr
+    assert "env:       MMPIPE_CHAOS_KILL_WORKER_ON, MMPIPE_T_SECRET (values not shown)" \
+        in done.stdout
+    monkeypatch.setenv("RAY_AUTH_TOKEN", head.token)
+    jobs = submit.client(head.dashboard_url)
+    seen = [done.stdout, done.stderr, submit.logs(jobs, sid), repr(jobs.get_job_info(sid)),
+            repr(jobs.list_jobs())]
+    assert not [text for text in seen if secret in text]
+    assert "MMPIPE_JOB_ENV_MODULE" in repr(jobs.get_job_info(sid).runtime_env)

@@ -17,6 +17,7 @@ from pipeline import cli
 from pipeline.errors import PlanError
 from pipeline.io import plan as planning
 from pipeline.io.checkpoint import CheckpointStore, committed_files, read_committed
+from pipeline.io.generations import read_root
 from pipeline.io.sources import make_datasource
 from pipeline.runtime import local_ray
 from pipeline.runtime.driver import run_job
@@ -143,8 +144,12 @@ def test_rerun_skips_committed_partitions_and_modes(ray_local, mixed_input, tmp_
     over = run_job(make_spec(mixed_input, out, runtime={"mode": "overwrite"},
                              text_embedding={"enabled": False}))
     assert len(over.partitions_committed) == 4
-    new = {p: m.attempt_id for p, m in CheckpointStore(str(out)).markers().items()}
+    # overwrite wrote generation 2 beside generation 1, then deleted generation 1
+    root = read_root(str(out))
+    assert root == str(out / "_generations" / "g-000002")
+    new = {p: m.attempt_id for p, m in CheckpointStore(root).markers().items()}
     assert set(new) == set(attempts) and not set(new.values()) & set(attempts.values())
+    assert CheckpointStore(str(out)).markers() == {} and not (out / "data").exists()
 
 
 def test_poison_partition_is_retried_then_reported_and_others_complete(ray_local, tmp_path):
@@ -155,7 +160,8 @@ def test_poison_partition_is_retried_then_reported_and_others_complete(ray_local
         (src / name).write_text("\n".join(json.dumps({"path": str(PHOTOS / r["file"]),
                                                       "caption": r["captions"][0]}) for r in chunk))
     out = tmp_path / "out"
-    spec = make_spec(src, out, source={"kind": "manifest", "partition_size": 4},
+    spec = make_spec(src, out, source={"kind": "manifest", "partition_size": 4,
+                                       "allowed_roots": [str(PHOTOS)]},
                      text_embedding={"enabled": False})
     planning.load_or_create(str(out), spec.source,
                             make_datasource(spec.source, spec.decode).list_inputs)

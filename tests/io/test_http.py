@@ -36,7 +36,8 @@ def srv(server):
 
 
 def fetcher(max_bytes: int = MAX, **kw) -> HttpFetcher:
-    base = {"timeout_s": 2.0, "retries": 2, "backoff_s": 0.01, "threads": 8, "max_per_host": 4}
+    base = {"timeout_s": 2.0, "retries": 2, "backoff_s": 0.01, "threads": 8, "max_per_host": 4,
+            "allow_networks": ("127.0.0.0/8",)}  # the test server is on loopback
     return HttpFetcher(DownloadSpec(**{**base, **kw}), max_bytes)
 
 
@@ -349,7 +350,8 @@ def test_a_partition_read_closes_its_downloads_and_counts_them(srv, tmp_path):
     urls = [srv.url("ok", NAME), srv.url("status/404", NAME), srv.url("ok", NAME) + "?2"]
     manifest.write_text("".join(json.dumps({"url": u}) + "\n" for u in urls))
     source = make_datasource(SourceSpec(kind="manifest", uri=str(manifest)), DecodeSpec(),
-                             DownloadSpec(retries=0, threads=4))
+                             DownloadSpec(retries=0, threads=4,
+                                          allow_networks=("127.0.0.0/8",)))
     part = next(pack(source.list_inputs(), 10))
     stats = AttemptStats()
     with ThreadPoolExecutor(2) as pool:

@@ -81,7 +81,8 @@ def test_manifest_formats_carry_columns(tmp_path, fmt):
         pacsv.write_csv(table, path)
     else:
         path.write_text("\n".join(json.dumps(r) for r in rows))
-    spec = SourceSpec(kind="manifest", uri=str(path), key_column="key", partition_size=3)
+    spec = SourceSpec(kind="manifest", uri=str(path), key_column="key", partition_size=3,
+                      allowed_roots=(str(PHOTOS),))  # the manifest names the photos
     src = make_datasource(spec, DecodeSpec())
     parts = list(planning.pack(src.list_inputs(), spec.partition_size))
     assert [p.rows_planned for p in parts] == [3, 3, 1]
@@ -140,7 +141,8 @@ def test_corrupt_manifests_are_planned_as_one_error_row_naming_the_file(tmp_path
     shutil.copy(CASES / "T11_shard/laion_sample_1000_truncated.parquet", tmp_path / "a_t11.parquet")
     pq.write_table(pa.Table.from_pylist(_manifest_rows(5)), tmp_path / "b_good.parquet")
     shutil.copy(CASES / "T12_shard/url_list_named.parquet", tmp_path / "c_t12.parquet")
-    spec = SourceSpec(kind="manifest", uri=str(tmp_path), key_column="key", partition_size=3)
+    spec = SourceSpec(kind="manifest", uri=str(tmp_path), key_column="key", partition_size=3,
+                      allowed_roots=(str(PHOTOS),))
     src = make_datasource(spec, DecodeSpec())
     parts = list(planning.pack(src.list_inputs(), spec.partition_size))
     assert [[(i.uri.rsplit("/", 1)[1], i.row_start, i.row_stop) for i in p.inputs]
@@ -161,7 +163,8 @@ def test_manifest_enforces_max_bytes_after_reading(tmp_path):
     rows = _manifest_rows(2)
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "m.parquet")
     small = min((PHOTOS / r["file"]).stat().st_size for r in coco_captions()[:2])
-    spec = SourceSpec(kind="manifest", uri=str(tmp_path / "m.parquet"), key_column="key")
+    spec = SourceSpec(kind="manifest", uri=str(tmp_path / "m.parquet"), key_column="key",
+                      allowed_roots=(str(PHOTOS),))
     src = make_datasource(spec, DecodeSpec(max_bytes=small - 1))
     batch = next(src.read_partition(next(planning.pack(src.list_inputs(), 10)), 10, POOL))
     assert all(e.startswith("too_large: ") for e in read_errors(batch))

@@ -126,3 +126,21 @@ def test_s3_weights_load_through_the_node_cache(s3_server, s3_env, tiny_models, 
     pixels = np.random.default_rng(0).integers(0, 255, (2, 224, 224, 3), dtype=np.uint8)
     np.testing.assert_array_equal(from_s3({"pixels": pixels})[IMAGE_EMBEDDING],
                                   from_dir({"pixels": pixels})[IMAGE_EMBEDDING])
+
+
+@pytest.mark.parametrize("name", ["../../escape.txt", "sub/../../../escape.txt", "/abs.txt",
+                                  "a\\..\\..\\escape.txt"])
+def test_object_names_that_leave_the_model_cache_are_refused(clip_copy, tmp_path, monkeypatch,
+                                                             name):
+    """An object store lists any key (AWS S3 keeps ``..`` in keys): a model whose listing
+    names ``<prefix>/../../escape.txt`` must not write outside the cache (issue 12)."""
+    outside = tmp_path / "escape.txt"
+    outside.write_bytes(b"x")
+    real_listing = weights._listing
+    monkeypatch.setattr(weights, "_listing",
+                        lambda root: {**real_listing(root), name: (1, None)})
+    cache = tmp_path / "a" / "b" / "cache"
+    with pytest.raises(ModelLoadError, match="not a safe relative path in the model cache"):
+        weights.mirror_to_cache(str(clip_copy), str(cache))
+    assert [p for p in tmp_path.rglob("escape.txt")] == [outside]
+    assert outside.read_bytes() == b"x" and not any(cache.rglob("*.safetensors"))

@@ -101,6 +101,7 @@ def test_a_200_partition_job_creates_a_bounded_number_of_task_series(head, tmp_p
            "--set", "source.partition_size=1", "--set", "text_embedding.enabled=false",
            "--set", "dedup.near=false", "--set", "resize.mode=none",
            "--set", "runtime.num_workers=2", "--set", "runtime.progress_interval_s=60",
+           "--set", f"source.allowed_roots=[{PHOTOS}]",   # the manifest names the photos
            "--report-json", str(report_path)]
     series = run_and_scrape(cmd, head)
     report = json.loads(report_path.read_text())

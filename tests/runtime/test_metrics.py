@@ -172,6 +172,7 @@ def test_actors_are_named_per_job_namespace(head, job_report):
                                  headers={"Authorization": f"Bearer {head.token}"})
     with urllib.request.urlopen(req, timeout=30) as r:
         actors = json.loads(r.read())["data"]["result"]["result"]
-    ours = {a["name"]: a for a in actors if a.get("ray_namespace") == f"mmpipe-{JOB}"}
+    namespace = f"mmpipe-{JOB}-{job_report['run_id']}"   # one namespace per run
+    ours = {a["name"]: a for a in actors if a.get("ray_namespace") == namespace}
     assert {"PartitionWorker-0", ACTOR} <= set(ours), sorted(ours)
     assert ours["PartitionWorker-0"]["class_name"] == "PartitionWorker"

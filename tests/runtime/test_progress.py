@@ -161,6 +161,8 @@ def test_run_without_an_address_starts_its_own_ray_never_joins_one(monkeypatch):
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(local_ray, "start", fake_start)
+    # no Ray was started: a real shutdown would stop the session's shared `ray_local`
+    monkeypatch.setattr(local_ray, "shutdown", lambda session: None)
     monkeypatch.setattr("pipeline.runtime.preflight.preflight",
                         lambda spec: Preflight(None, nothing_to_run=False))
     args = ["run", "examples/quickstart.yaml", "--output", "/nonexistent/out"]

@@ -62,6 +62,7 @@ def test_status_exit_codes_text_and_json(mixed_input, tmp_path, capsys):
     assert state["partitions_committed"] == 2 and state["partitions_pending"] == 0
     assert sum(state["rows_by_status"].values()) == 19
     assert state["inputs"]["unread_by_extension"] == {".xyz": 1}
+    assert state["runs"] == {"": 2} and state["writer"] is None   # no run id recorded here
     pool.shutdown()
 
 

@@ -49,6 +49,15 @@ workerGroupSpecs:
     {{- with $group.idleTimeoutSeconds }}
     idleTimeoutSeconds: {{ . }}
     {{- end }}
+    {{- if $group.rayResources }}
+    {{- if hasKey ($group.rayStartParams | default dict) "resources" }}
+    {{- fail (printf "worker group %s: set rayResources or rayStartParams.resources, not both (KubeRay rejects both)" $name) }}
+    {{- end }}
+    resources:
+      {{- range $k, $val := $group.rayResources }}
+      {{ $k }}: {{ $val | toString | quote }}
+      {{- end }}
+    {{- end }}
     rayStartParams:
       {{- include "mmpipe.rayStartParams" $group.rayStartParams | trim | nindent 6 }}
     template:

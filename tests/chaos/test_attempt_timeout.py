@@ -1,0 +1,37 @@
+"""A hung attempt is cancelled after ``runtime.attempt_timeout_s``: its worker is killed
+and replaced, the partition retried up to ``max_attempts``, then reported failed, while
+the other partitions commit (issue 12: there was no per-attempt timeout at all)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from pipeline.io.checkpoint import CheckpointStore
+from tests.conftest import REPO
+from tests.e2e.jobs import check_accounting, clean_ray_env, markers
+
+HUNG = "p-000001"
+
+
+def test_hung_partition_is_cancelled_retried_and_reported(tmp_path):
+    out, report_path = str(tmp_path / "out"), tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml",
+           "--address", "local", "--output", out, "--report-json", str(report_path),
+           "--set", "source.partition_size=19", "--set", "text_embedding.enabled=false",
+           "--set", "runtime.num_workers=2", "--set", "runtime.max_attempts=2",
+           "--set", "runtime.attempt_timeout_s=20"]
+    env = clean_ray_env(HOME=str(tmp_path), HF_HUB_OFFLINE="1", MMPIPE_CHAOS_HANG_ON=HUNG)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400,
+                          start_new_session=True)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 1, log
+    report = json.loads(report_path.read_text())
+    assert list(report["partitions_failed"]) == [HUNG]
+    assert "runtime.attempt_timeout_s=20" in report["partitions_failed"][HUNG]
+    assert len(report["attempts"][HUNG]) == 2                       # max_attempts
+    assert sorted(report["partitions_committed"]) == ["p-000000", "p-000002"]
+    assert HUNG not in markers(out)
+    assert CheckpointStore(out).failures()[HUNG]["attempts"] == report["attempts"][HUNG]
+    check_accounting(out)

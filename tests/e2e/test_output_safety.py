@@ -1,0 +1,232 @@
+"""Issue 12, the output side, on a real local Ray: gc during a running job, overwrite as a
+new generation, one writer per output."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import cli
+from pipeline.errors import PlanError
+from pipeline.io import fs, gc, generations, job_lease, lease
+from pipeline.io.checkpoint import CheckpointStore, committed_files
+from pipeline.io.output import read_output
+from pipeline.runtime.driver import run_job
+from pipeline.runtime.preflight import preflight
+from tests.e2e.jobs import check_accounting
+from tests.e2e.test_job import make_spec
+
+
+def _spec(src: Path, out: Path, **over):
+    over.setdefault("text_embedding", {"enabled": False})
+    runtime = {"batch_size": 1, "num_workers": 1, "max_attempts": 3, **over.pop("runtime", {})}
+    return make_spec(src, out, source={"partition_size": 2}, runtime=runtime, **over)
+
+
+def _verify_every_committed_file(root: str) -> dict:
+    markers = CheckpointStore(root).markers()
+    for pid, m in markers.items():
+        for rel in m.files:
+            blob = fs.read_bytes(fs.join(root, rel))          # FileNotFoundError: deleted
+            assert hashlib.sha256(blob).hexdigest() == m.sha256[rel], (pid, rel)
+    return markers
+
+
+def _short_side(out: Path) -> int:
+    """The largest short side (pixels) of the ok images readers see."""
+    rows = read_output(str(out), ["image_width", "image_height", "status"]).to_table()
+    return max(min(r["image_width"], r["image_height"]) for r in rows.to_pylist()
+               if r["status"] == "ok")
+
+
+def _in_thread(fn, *args):
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the test
+            box["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def test_gc_every_second_during_a_job_deletes_nothing_it_needs(ray_local, mixed_input,
+                                                               tmp_path):
+    """The finding: with gc running every second, a job reported complete while 15 of its
+    58 committed files were gone. Short leases (2 s, renewed every 0.5 s) and a 0.5 s gc
+    margin: every committed file must still match its marker's checksum."""
+    out = tmp_path / "out"
+    spec = _spec(mixed_input, out, runtime={"lease_s": 2.0, "lease_renew_s": 0.5})
+    job, box = _in_thread(run_job, spec)
+    runs, kept_live, deleted = 0, 0, 0
+    while job.is_alive():
+        if (out / "_plan").exists():
+            found = gc.collect(str(out), margin_s=0.5)
+            gc.delete(str(out), found)
+            runs, kept_live, deleted = runs + 1, kept_live + len(found.live), \
+                deleted + len(found.garbage)
+        time.sleep(0.2)   # at least every second (a 10-partition job here takes ~2 s)
+    job.join()
+    if "error" in box:
+        raise box["error"]
+    report = box["result"]
+    assert report.complete and report.partitions_total == 10, report.format()
+    assert runs >= 2, f"gc ran {runs} times during the job"
+    markers = _verify_every_committed_file(str(out))
+    check_accounting(str(out))
+    assert sorted(markers) == sorted(report.partitions_committed)
+    assert json.loads((out / "_SUCCESS").read_text())["complete"] is True
+    assert sum(pq.read_metadata(f).num_rows for f in committed_files(str(out))) == 19
+    # the job is over: nothing is live any more, and a last gc finds nothing to delete
+    assert lease.attempt_leases(str(out)) == {}
+    assert gc.collect(str(out), margin_s=0.5).garbage == []
+
+
+def test_a_second_writer_fails_fast_and_success_describes_only_its_data(
+        ray_local, mixed_input, tmp_path):
+    """The finding: a second job with another image size adopted the first one's
+    partitions and wrote a _SUCCESS describing 256 px output over 128 px data."""
+    out = tmp_path / "out"
+    small = _spec(mixed_input, out, resize={"size_px": 128})
+    big = _spec(mixed_input, out, resize={"size_px": 256})
+    job, box = _in_thread(run_job, small)
+    deadline = time.time() + 60
+    while time.time() < deadline and job_lease.current_job_lease(str(out))[1] is None:
+        time.sleep(0.05)
+    _, holder = job_lease.current_job_lease(str(out))
+    assert holder is not None and job.is_alive()
+    for other in (big, small):            # another spec, and a resume of the same spec
+        with pytest.raises(job_lease.OutputBusy) as e:
+            preflight(other, models=False)
+        assert f"pid {holder.pid}" in str(e.value) and f"run {holder.run_id}" in str(e.value)
+        with pytest.raises(job_lease.OutputBusy, match=f"run {holder.run_id}"):
+            run_job(other)
+    job.join()
+    if "error" in box:
+        raise box["error"]
+    first = box["result"]
+    assert first.complete
+    success = json.loads((out / "_SUCCESS").read_text())
+    markers = CheckpointStore(str(out)).markers()
+    assert {m.fingerprint for m in markers.values()} == {first.fingerprint}
+    assert success["fingerprint"] == first.fingerprint and success["generation"] == 1
+    assert _short_side(out) == 128
+    # once free: the other spec is refused on resume, and an overwrite is a new generation
+    with pytest.raises(PlanError, match="another spec fingerprint"):
+        run_job(big)
+    second = run_job(big.model_copy(update={"runtime": big.runtime.model_copy(
+        update={"mode": "overwrite"})}))
+    assert second.complete and second.fingerprint != first.fingerprint
+    root = generations.read_root(str(out))
+    assert root.endswith("/_generations/g-000002")
+    success = json.loads(fs.read_bytes(fs.join(root, "_SUCCESS")))
+    assert success["fingerprint"] == second.fingerprint and success["generation"] == 2
+    assert {m.fingerprint for m in CheckpointStore(root).markers().values()} == {
+        second.fingerprint}
+    assert _short_side(out) == 256
+
+
+def test_overwrite_keeps_the_old_generation_until_the_new_one_is_complete(
+        ray_local, mixed_input, tmp_path, capsys):
+    out = tmp_path / "out"
+    first = run_job(_spec(mixed_input, out, resize={"size_px": 96}))
+    assert first.complete
+    old_files = committed_files(str(out))
+    (out / "README.txt").write_text("notes kept beside the output")
+    over = _spec(mixed_input, out, resize={"size_px": 160}, runtime={"mode": "overwrite"})
+    job, box = _in_thread(run_job, over)
+    seen_running = False
+    while job.is_alive():
+        files = committed_files(str(out))
+        status = json.loads(_cli_json(capsys, ["status", str(out), "--json"]))
+        if files == old_files and status["generation"] == 2 and not status["complete"]:
+            seen_running = True          # gen 2 being written, readers on gen 1 in full
+            assert status["readable_generation"] == 1
+            assert len(read_output(str(out)).to_table()) == 19
+        else:
+            assert all("/_generations/g-000002/" in f for f in files) or files == old_files
+        time.sleep(0.1)
+    job.join()
+    if "error" in box:
+        raise box["error"]
+    assert box["result"].complete and seen_running
+    assert (out / "README.txt").exists()                  # overwrite deleted nothing else
+    assert not (out / "data").exists() and not (out / "_checkpoints").exists()
+    status = json.loads(_cli_json(capsys, ["status", str(out), "--json"]))
+    assert (status["generation"], status["generations"], status["readable_generation"],
+            status["complete"]) == (2, [2], 2, True)
+    _verify_every_committed_file(generations.read_root(str(out)))
+    dest = tmp_path / "export"
+    assert cli.main(["export", str(out), str(dest)]) == 0
+    assert "19 rows written" in capsys.readouterr().out
+
+
+def _cli_json(capsys, argv: list[str]) -> str:
+    capsys.readouterr()
+    cli.main(argv)
+    return capsys.readouterr().out
+
+
+def test_overwrite_refuses_an_input_inside_the_output_and_deletes_nothing(tmp_path):
+    """The finding: `--mode overwrite` deleted the whole output location first, inputs
+    stored under it included; `/data/./in` passed the string check."""
+    data = tmp_path / "data"
+    (data / "in").mkdir(parents=True)
+    for i in range(3):
+        (data / "in" / f"{i}.jpg").write_bytes(b"\xff\xd8\xff" + bytes(100))
+    (data / "list.csv").write_text("path\nin/0.jpg\n")
+    before = sorted(data.rglob("*"))
+    spec = _spec(data / "." / "in", data, runtime={"mode": "overwrite"})
+    spec = spec.model_copy(update={"source": spec.source.model_copy(
+        update={"uri": f"{data}/./in"})})
+    with pytest.raises(PlanError, match="overlap"):
+        preflight(spec, models=False)
+    with pytest.raises(PlanError, match="overlap"):
+        run_job(spec)
+    assert sorted(data.rglob("*")) == before
+
+
+def test_gc_every_second_during_a_job_on_s3(s3_server, s3_env, tmp_path):
+    """The same reproduction on a real S3 API: `mmpipe run` (its own Ray) writes to the
+    local S3 server while gc runs every second with a 0.5 s margin over 2 s leases."""
+    import subprocess
+    import sys
+
+    from tests.conftest import PHOTOS, REPO, upload_dir
+    from tests.e2e.jobs import PARTITIONS, clean_ray_env, finish
+
+    upload_dir(s3_server.client(), s3_env, "photos", PHOTOS)
+    out = f"s3://{s3_env}/out"
+    home = tmp_path / "home"
+    home.mkdir()
+    cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml", "--address",
+           "local", "--output", out, "--input", f"s3://{s3_env}/photos/captions.jsonl",
+           "--set", "source.partition_size=3", "--set", "runtime.num_workers=1",
+           "--set", "runtime.batch_size=3", "--set", "runtime.lease_s=2",
+           "--set", "runtime.lease_renew_s=0.5"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_ray_env(HOME=str(home), HF_HUB_OFFLINE="1",
+                                                             **s3_server.env()),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    runs = 0
+    try:
+        while proc.poll() is None:
+            if fs.exists(f"{out}/_plan/partitions.parquet"):
+                gc.delete(out, gc.collect(out, margin_s=0.5))
+                runs += 1
+            time.sleep(1.0)
+    finally:
+        log = finish(proc)
+    assert runs >= 2, log
+    markers = _verify_every_committed_file(out)
+    assert len(markers) == PARTITIONS
+    assert json.loads(fs.read_bytes(f"{out}/_SUCCESS"))["complete"] is True
+    assert gc.collect(out, margin_s=0.5).garbage == []
