@@ -49,11 +49,17 @@ class Committed(Mapping):
         with self._lock:
             if pid in self._markers:
                 return self._markers[pid]
+        marker = self.read(pid)
+        with self._lock:
+            self._markers[pid] = marker
+        return marker
+
+    def read(self, pid: str) -> CommitMarker:
+        """Read the marker of the listed partition ``pid`` without keeping it. Raises
+        ``KeyError`` if it is gone since the listing, ``CommitError`` if unreadable."""
         marker = self.store.marker(pid)
         if marker is None:
             raise KeyError(f"{pid}: its marker was listed but is gone")
-        with self._lock:
-            self._markers[pid] = marker
         return marker
 
     def count_in_background(self) -> "SkippedRows":
@@ -81,18 +87,12 @@ class SkippedRows:
                 # read, count, forget, a chunk at a time: neither markers nor futures pile
                 # up (Executor.map submits all it is given at once)
                 for start in range(0, len(ids), READ_CHUNK):
-                    for m in pool.map(self._read, ids[start:start + READ_CHUNK]):
+                    for m in pool.map(self._committed.read, ids[start:start + READ_CHUNK]):
                         self.rows_by_status.update(m.rows_by_status)
                         self.rows_by_reason.update(m.rows_by_reason)
                         self.rows_out += m.rows_in
         except BaseException as e:  # noqa: BLE001 - re-raised by add_to on the caller's thread
             self.error = e
-
-    def _read(self, pid: str) -> CommitMarker:
-        marker = self._committed.store.marker(pid)
-        if marker is None:
-            raise KeyError(f"{pid}: its marker was listed but is gone")
-        return marker
 
     def add_to(self, report) -> None:
         """Wait for the markers, then add their rows to ``report`` (a ``JobReport``);
