@@ -93,6 +93,8 @@ def parse_args() -> argparse.Namespace:
                    help="requests each sender keeps outstanding (max_in_flight's default)")
     p.add_argument("--concurrency", type=int, default=8,
                    help="actor_concurrency (actor threads: this + 2)")
+    p.add_argument("--batch-wait", type=float, default=None,
+                   help="batch_wait_s (default: the spec's default)")
     p.add_argument("--cpus", type=int, default=2, help="ray.init num_cpus")
     p.add_argument("--profile", action="store_true",
                    help="sample the ModelActor process with py-spy during the run")
@@ -109,7 +111,8 @@ def make_spec(args, model_dir: Path, tmp: Path):
         "text_embedding": {"enabled": False},
         SECTION: {"enabled": True, "model": str(model_dir), "backend": "clip", "score": False,
                   "replicas": 1, "num_cpus": 1, "num_gpus": 0, "batch_size": args.batch_size,
-                  "max_in_flight": args.in_flight, "actor_concurrency": args.concurrency}})
+                  "max_in_flight": args.in_flight, "actor_concurrency": args.concurrency,
+                  **({} if args.batch_wait is None else {"batch_wait_s": args.batch_wait})}})
 
 
 def sender_class():

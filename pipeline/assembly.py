@@ -131,15 +131,17 @@ def _cpu_steps(spec: JobSpec, geometries: list) -> list[Step]:
     draft = spec.resize.size_px if spec.resize.mode != "none" else None
     if draft is not None and geometries:
         draft = max([draft] + [g.min_side_px for g in geometries])
-    return ([CaptionStep(spec.captions), DecodeStep(spec.decode, draft), FilterStep(spec.filters),
-             HashStep(), DedupStep(spec.dedup)] + added + inputs + [ResizeStep(spec.resize)])
+    return ([CaptionStep(spec.captions), DecodeStep(spec.decode, draft, spec.resize),
+             FilterStep(spec.filters), HashStep(), DedupStep(spec.dedup)] + added + inputs
+            + [ResizeStep(spec.resize)])
 
 
 def _model_stages(spec: JobSpec, models: dict[str, tuple] | None) -> ModelStages:
     """Stage 0: every model but a captioner that must wait for the score filter."""
     video = spec.source.media == "video"
-    steps = [ModelStep(s, getattr(spec, s), video) for s in MODEL_SECTIONS
-             if getattr(spec, s).enabled]
+    encoded = spec.decode.device == "cuda"  # JpegInput entries go to image_embedding
+    steps = [ModelStep(s, getattr(spec, s), video, encoded and s == "image_embedding")
+             for s in MODEL_SECTIONS if getattr(spec, s).enabled]
     if models is not None:
         for step in steps:
             if step.section not in models:

@@ -150,6 +150,9 @@ FRAMES = declare("_frames", None, "Video: sampled (H, W, 3) uint8 RGB frames.", 
 MODEL_PIXELS = declare("_model_pixels_", None, "A model's (h, w, 3) uint8 input (video: "
                        "(F, h, w, 3)), one column per ImageGeometry.", kind="internal",
                        family=True)
+DEVICE_INPUT = declare("_device_input", None, "decode.device cuda: the steps.device_media."
+                       "JpegInput the image-embedding actor decodes, or why the row is "
+                       "decoded on the worker (str).", kind="internal")
 
 #: Output names a carried manifest column may not take (it becomes ``meta_<name>``).
 RESERVED = frozenset(n for n, c in COLUMNS.items() if c.kind != "internal")

@@ -34,25 +34,27 @@ VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".m
 SIDECAR_EXTENSIONS = (".txt", ".json")
 
 
+#: HEIF/HEIC extensions pillow-heif's opener registers; listed statically so that listing
+#: files imports no pillow-heif (the decoder registers it when a file sniffs as HEIF).
+HEIF_EXTENSIONS = (".heic", ".heics", ".heif", ".heifs", ".hif")
+
+
 @functools.cache
 def image_extensions() -> tuple[str, ...]:
     """Default image extensions: every extension Pillow registers an opener for
     (``PIL.Image.registered_extensions`` whose format is in ``PIL.Image.OPEN``, after
-    ``Image.init()``), plus pillow-heif's (``.heic``, ``.heif``, ... when installed),
-    plus ``.svg`` (read, then rasterised or refused as ``unsupported_format``), minus the
-    sidecar extensions; sorted. A file with one of these is read and decoded - a format
-    the decoder cannot handle becomes an error row, never a silently skipped file."""
+    ``Image.init()``), plus pillow-heif's (``HEIF_EXTENSIONS``; without pillow-heif such a
+    file becomes an ``unsupported_format`` row), plus ``.svg`` (read, then rasterised or
+    refused as ``unsupported_format``), minus the sidecar extensions; sorted. A file with
+    one of these is read and decoded - a format the decoder cannot handle becomes an error
+    row, never a silently skipped file."""
     from PIL import Image
 
-    try:
-        import pillow_heif
-        pillow_heif.register_heif_opener()
-    except ImportError:  # pragma: no cover - HEIF then decodes to unsupported_format
-        pass
     Image.init()
     found = {ext.lower() for ext, fmt in Image.registered_extensions().items()
              if fmt in Image.OPEN}
-    return tuple(sorted((found | {".svg", ".mpo"}) - set(SIDECAR_EXTENSIONS)))
+    return tuple(sorted((found | set(HEIF_EXTENSIONS) | {".svg", ".mpo"})
+                        - set(SIDECAR_EXTENSIONS)))
 
 
 SourceKind = Literal["files", "manifest", "webdataset"]
@@ -246,13 +248,23 @@ class CaptionSpec(_Strict):
 
 
 class DecodeSpec(_Strict):
-    """Image decoding limits."""
+    """Image decoding: limits, and where model inputs are decoded."""
 
     max_pixels: int = Field(89_478_485, ge=1, description="Reject images whose header claims more "
                             "than this many pixels (width*height), before decoding. Default is "
                             "Pillow's MAX_IMAGE_PIXELS.")
     max_bytes: int = Field(64 * 2**20, ge=1, description="Reject source files larger than this "
                            "(bytes) without reading them fully.")
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Where model inputs are decoded. `cpu`: on the partition workers "
+        "(Pillow). `cuda`: RGB and greyscale JPEGs (no ICC profile, or an sRGB one) go "
+        "encoded to the `image_embedding` model actors and are decoded there in batches "
+        "(nvJPEG through torchvision when the actor has a GPU, else Pillow in the actor), "
+        "EXIF orientation applied; the actor also makes their `image` (resized, "
+        "re-encoded: nvJPEG for JPEG on a GPU) and the worker decodes them only to a small "
+        "JPEG draft for `phash` (which may differ from `cpu`'s by a few bits). Every other "
+        "image is decoded on the worker as with `cpu` (counted by reason in the actor's "
+        "stats). Image jobs with `image_embedding` and without `captioning` only.")
 
 
 class DownloadSpec(_Strict):
@@ -400,13 +412,19 @@ class ModelServingSpec(_Strict):
     actor_concurrency: int = Field(8, ge=1, description="Requests one ModelActor accepts at "
                                    "once (threaded actor); queued requests are coalesced into "
                                    "the next batch while the current one computes.")
+    batch_wait_s: float = Field(0.01, ge=0, le=10, description="Longest time (seconds) an "
+                                "actor holds a batch that is not full, waiting for more "
+                                "requests, when its device is idle; while the device "
+                                "computes, requests queue and join the next batch anyway. "
+                                "0: never wait (lowest latency, smaller batches). Ray "
+                                "Serve's `batch_wait_timeout_s` default is the same 0.01.")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="Compute dtype: `auto` is bfloat16 on GPUs that support it, "
         "else float16 on GPU, and float32 on CPU.")
 
 
 SERVING_FIELDS = frozenset({"batch_size", "replicas", "num_cpus", "num_gpus", "max_in_flight",
-                            "actor_concurrency"})
+                            "actor_concurrency", "batch_wait_s"})
 
 
 class TextEmbedSpec(ModelServingSpec):
@@ -512,7 +530,10 @@ class RuntimeSpec(_Strict):
         "(bytes; images: width*height*3 from the header, videos: frame pixels*3 times the "
         "frames sampled): a batch read is cut into smaller batches so that one never "
         "holds more; a record larger than the budget is processed alone.")
-    decode_threads: int = Field(2, ge=1, description="Decode threads per worker.")
+    decode_threads: int = Field(2, ge=1, description="Threads per worker that read inputs; "
+                                "the CPU steps (decode, resize, encode) of a worker run on "
+                                "at most as many threads as the CPUs Ray gave it (one by "
+                                "default), so workers never oversubscribe a node.")
     max_attempts: int = Field(3, ge=1, description="Attempts per partition before it is failed.")
     attempt_timeout_s: float = Field(
         3600.0, gt=0, description="Seconds one partition attempt may run: a longer one is "
@@ -574,6 +595,25 @@ class JobSpec(_Strict):
             raise FieldNotApplicable([("dedup.dataset.semantic", True, "needs image "
                                        "embeddings: set image_embedding.enabled (and "
                                        "image_embedding.model)")])
+        return self
+
+    @model_validator(mode="after")
+    def _decode_device(self) -> "JobSpec":
+        """`decode.device: cuda` needs an image job whose only image model is
+        `image_embedding` (the actor that decodes)."""
+        if self.decode.device == "cpu":
+            return self
+        problems = []
+        if self.source.media != "image":
+            problems.append(f"source.media is {self.source.media!r} (images only)")
+        if not self.image_embedding.enabled:
+            problems.append("image_embedding is not enabled (its model actors decode)")
+        if self.captioning.enabled:
+            problems.append("captioning is enabled (its model actors take decoded pixels)")
+        if problems:
+            raise FieldNotApplicable([("decode.device", self.decode.device,
+                                       f"{self.decode.device!r} does not apply: "
+                                       + "; ".join(problems) + "; use decode.device: cpu")])
         return self
 
 

@@ -45,6 +45,14 @@ def project_requirements() -> list[str]:
     return re.findall(r'^\s*"([^"]+)"', block, re.M)
 
 
+def gpu_requirements() -> list[str]:
+    """pyproject.toml's ``gpu`` extra (GPU image only: torchvision's PyPI wheel needs
+    torch's CUDA build)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    block = re.search(r"^gpu = \[(.*?)\]", text, re.S | re.M).group(1)
+    return re.findall(r'"([^"]+)"', block)
+
+
 def pip_env() -> dict[str, str]:
     """pip without this machine's configuration (local wheel dirs, constraints, indexes)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
@@ -98,9 +106,11 @@ def lock_text(variant: str, pins: dict[str, str], index: str | None = None) -> s
 
 def locks() -> dict[str, str]:
     """The lock files' wanted text, by file name."""
-    gpu = resolve(with_torch(project_requirements(), f"torch=={TORCH}"))
-    # the CPU build is the same tree without the CUDA wheels torch pulls in on PyPI
-    cuda = {n for n in gpu if n.startswith(("nvidia-", "cuda-")) or n == "triton"}
+    gpu = resolve(with_torch(project_requirements() + gpu_requirements(), f"torch=={TORCH}"))
+    # the CPU build is the same tree without the CUDA wheels torch pulls in on PyPI, and
+    # without the gpu extra (torchvision), whose PyPI wheel needs the CUDA build
+    cuda = {n for n in gpu if n.startswith(("nvidia-", "cuda-")) or n == "triton"} | {
+        re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in gpu_requirements()}
     cpu = {n: v for n, v in gpu.items() if n not in cuda}
     cpu["torch"] = f"{TORCH}+cpu"
     return {"image-gpu.txt": lock_text("gpu", gpu), "image-cpu.txt": lock_text("cpu", cpu, CPU_INDEX)}

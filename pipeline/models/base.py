@@ -11,6 +11,10 @@ Batch inputs (one entry per row, n rows):
 
 * ``pixels``: ``np.ndarray`` (n, H, W, 3) uint8 RGB, already resized/cropped on the CPU side
   to ``info.image`` (``ImageGeometry``); rescaling and normalisation happen on the device.
+  With ``decode.device: cuda`` (image embeddings only) a list of n entries instead, some
+  still encoded (``steps/device_media.py``, ``models/media.py``); the outputs then also
+  hold ``media_errors`` (per row None or ``(error_reason, message)``) and
+  ``media_images`` (per row None or the output ``(image, width, height)``).
 * ``text``: list of n ``str`` (``None`` where a row has no caption, if ``info.text`` is
   ``"optional"``).
 
@@ -121,6 +125,10 @@ class ModelBackend:
 
     def __call__(self, inputs: Inputs) -> Outputs:
         return self.run(self.prepare(inputs))
+
+    def media_stats(self) -> dict[str, Any]:
+        """Counters of images decoded by this backend (``models.media``); default none."""
+        return {}
 
 
 def rows_of(value: Any) -> int:

@@ -7,7 +7,8 @@ the device-side normalisation (mean, std, rescale); its tokenizer encodes captio
 
 Outputs: ``image_embedding`` (n, D) L2-normalised, float32 or float16 storage, D from the
 model; with ``score``: ``clip_score`` (n,) float32, the cosine of the image and caption
-embeddings, NaN where the row has no caption.
+embeddings, NaN where the row has no caption. With ``decode.device: cuda`` images may come
+encoded and are decoded here (``pipeline.models.media``); ``media_stats()`` counts how.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import numpy as np
 import torch
 
 from pipeline.models.base import ModelBackend, ModelInfo, OutputField
+from pipeline.models.media import MediaDecoder
 from pipeline.models.text import cap_chars
 from pipeline.models.torch_util import (copies_done, geometry_from_processor, l2_normalize,
                                         normalizer_for, pick_dtype, to_device, to_device_uint8,
                                         wait_for)
 from pipeline.columns import CLIP_SCORE, IMAGE_EMBEDDING
 from pipeline.spec import ImageEmbedSpec
+from pipeline.steps.device_media import MEDIA_ERRORS, MEDIA_IMAGES
 
 
 def _features(out) -> torch.Tensor:
@@ -40,6 +43,7 @@ class DualEncoder(ModelBackend):
         self.processor = AutoProcessor.from_pretrained(model_dir)
         self.model = AutoModel.from_pretrained(model_dir, dtype=self.dtype).to(device).eval()
         self.geometry = geometry_from_processor(self.processor.image_processor)
+        self.media = MediaDecoder(self.geometry, device)
         self.normalize = normalizer_for(self.processor.image_processor,
                                         (self.geometry.height_px, self.geometry.width_px),
                                         device, self.dtype)
@@ -59,7 +63,16 @@ class DualEncoder(ModelBackend):
                               f"on {device} {str(self.dtype).removeprefix('torch.')}")
 
     def prepare(self, inputs):
-        prepared = {"pixels": to_device_uint8(inputs["pixels"], self.device)}
+        """``inputs["pixels"]``: an (n, H, W, 3) uint8 array, or (``decode.device: cuda``)
+        a list of n entries that ``media.MediaDecoder`` decodes; then the prepared batch
+        (and the outputs) carry ``MEDIA_ERRORS`` and ``MEDIA_IMAGES``, one value per row."""
+        pixels = inputs["pixels"]
+        if isinstance(pixels, np.ndarray):
+            prepared = {"pixels": to_device_uint8(pixels, self.device)}
+        else:
+            media = self.media(list(pixels))
+            prepared = {"pixels": media.pixels, MEDIA_ERRORS: media.errors,
+                        MEDIA_IMAGES: media.images}
         if self.spec.score:
             texts = list(inputs["text"])
             prepared["has_text"] = np.array([t is not None for t in texts])
@@ -79,6 +92,9 @@ class DualEncoder(ModelBackend):
         image_np = l2_normalize(image)
         out = {IMAGE_EMBEDDING: image_np.astype(np.float16 if self.spec.embedding_dtype == "float16"
                                                 else np.float32)}
+        for key in (MEDIA_ERRORS, MEDIA_IMAGES):
+            if key in prepared:
+                out[key] = list(prepared[key])
         if self.spec.score:
             text_inputs = {k.removeprefix("text_"): v for k, v in prepared.items()
                            if k.startswith("text_")}
@@ -87,3 +103,6 @@ class DualEncoder(ModelBackend):
             score[~np.asarray(prepared["has_text"], dtype=bool)] = np.nan
             out[CLIP_SCORE] = score
         return out
+
+    def media_stats(self):
+        return self.media.stats()

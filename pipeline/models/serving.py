@@ -1,11 +1,16 @@
 """``BatchServer``: runs one backend on a two-stage pipeline so the device never waits.
 
-Requests (one per worker batch) go into a queue. A loader thread takes the first waiting
-request, coalesces whatever else is queued up to ``batch_size`` rows, and runs the
+Requests (one per worker batch) go into a queue. A loader thread waits until the compute
+thread can accept another batch (at most one prepared batch waits: double buffering, so
+memory stays bounded), then takes the first waiting request and coalesces requests up to
+``batch_size`` rows: those already queued, then those arriving until ``batch_wait_s``
+after the first one arrived (Ray Serve's ``batch_wait_timeout_s`` rule; requests that
+arrive while the device computes wait in the queue and fill the next batch). It runs the
 backend's ``prepare`` (concatenate, pinned copy, non-blocking host-to-device copy,
-tokenise); a compute thread meanwhile runs ``run`` on the previous batch under
-``torch.inference_mode`` and splits the outputs back to the requests. At most one prepared
-batch waits for the compute thread (double buffering), so memory stays bounded.
+tokenise); the compute thread meanwhile runs ``run`` on the previous batch under
+``torch.inference_mode`` and splits the outputs back to the requests. A request is never
+split: a batch may end below ``batch_size`` when the next request would overflow it, and
+one request larger than ``batch_size`` is run in passes of at most ``batch_size`` rows.
 
 On a CUDA out-of-memory error the batch is halved and retried (recursively, down to one
 row), and later batches are capped at the size that worked.
@@ -38,6 +43,7 @@ from pipeline.models.base import (Inputs, ModelBackend, Outputs, concat_rows, ro
 log = logging.getLogger(__name__)
 
 SUBMITTED_AT = "_submitted_at"  # optional input key: the sender's time.time() at submit
+BUSY_POLL_S = 0.001  # how often a loader holding a part-filled batch looks at the device
 
 
 def _oom_types() -> tuple[type[BaseException], ...]:
@@ -85,11 +91,16 @@ class BatchServer:
     """
 
     def __init__(self, backend: ModelBackend, batch_size: int,
-                 on_batch: Callable[[int, float, list[float]], None] | None = None):
+                 on_batch: Callable[[int, float, list[float]], None] | None = None,
+                 batch_wait_s: float = 0.0):
         self.backend, self.batch_size, self.on_batch = backend, batch_size, on_batch
+        self.batch_wait_s = batch_wait_s
         self.max_rows = batch_size  # lowered after a CUDA OOM
         self.requests: queue.Queue[_Request] = queue.Queue()
-        self.prepared: queue.Queue = queue.Queue(maxsize=1)
+        self.prepared: queue.Queue = queue.Queue()
+        self._slot = threading.Semaphore(1)  # free while no prepared batch waits
+        self._held: _Request | None = None  # taken but did not fit the last batch
+        self._computing = threading.Event()  # set while the compute thread runs a batch
         self._lock = threading.Lock()
         self._stats: dict[str, Any] = {
             "batches": 0, "requests": 0, "records": 0, "busy_s": 0.0, "prepare_s": 0.0,
@@ -114,12 +125,28 @@ class BatchServer:
         return self.submit(inputs).result()
 
     def _take(self) -> list[_Request]:
-        batch = [self.requests.get()]
-        rows = batch[0].rows
+        """The next batch: the first request, then more until ``batch_size`` rows, or
+        until ``batch_wait_s`` after the first one's arrival has passed and the compute
+        thread is idle (while it computes, waiting costs the device nothing); a request
+        that would overflow the batch is held for the next one."""
+        first, self._held = self._held or self.requests.get(), None
+        batch, rows = [first], first.rows
+        deadline = first.arrived + self.batch_wait_s
         while rows < self.batch_size:
+            timeout = deadline - time.time()
+            if timeout <= 0:
+                if not self._computing.is_set():
+                    timeout = 0.0
+                else:  # look again shortly: the device may finish before a request comes
+                    timeout = BUSY_POLL_S
             try:
-                req = self.requests.get_nowait()
+                req = self.requests.get(timeout=timeout)
             except queue.Empty:
+                if timeout == 0.0:
+                    break
+                continue
+            if rows + req.rows > self.batch_size:
+                self._held = req
                 break
             batch.append(req)
             rows += req.rows
@@ -127,11 +154,13 @@ class BatchServer:
 
     def _load_loop(self) -> None:
         while True:
+            self._slot.acquire()  # released when the compute thread takes a batch
             batch = self._take()
             t0 = time.time()
             try:
                 prepared = self.backend.prepare(merge_inputs([r.inputs for r in batch]))
             except BaseException as e:  # noqa: BLE001 - returned to the requests' senders
+                self._slot.release()
                 self._fail(batch, e)
                 continue
             with self._lock:
@@ -143,6 +172,8 @@ class BatchServer:
 
         while True:
             batch, prepared = self.prepared.get()
+            self._computing.set()
+            self._slot.release()
             waits = self._record_wait(batch, time.time())
             t0 = time.perf_counter()
             try:
@@ -151,6 +182,8 @@ class BatchServer:
             except BaseException as e:  # noqa: BLE001 - returned to the requests' senders
                 self._fail(batch, e)
                 continue
+            finally:
+                self._computing.clear()
             busy = time.perf_counter() - t0
             self._record_done(batch, sum(r.rows for r in batch), busy, passes, waits)
             start = 0  # stats first: a caller that has its result sees them counted

@@ -99,7 +99,8 @@ class ModelActor:
         self.backend = load_backend(section, spec, device)
         self.metrics = ModelMetrics(section, self.name, job_name=spec.name)
         self.server = BatchServer(self.backend, section_spec.batch_size,
-                                  on_batch=self.metrics.on_batch)
+                                  on_batch=self.metrics.on_batch,
+                                  batch_wait_s=section_spec.batch_wait_s)
         self.started = time.time()
         self.load_s = self.started - t0
         log.info("%s: loaded %s in %.1fs", self.name, self.backend.info.description, self.load_s)
@@ -112,7 +113,8 @@ class ModelActor:
         return self.backend.info
 
     def get_stats(self) -> dict[str, Any]:
-        return dict(self.server.stats(), name=self.name, model=self.section,
+        return dict(self.server.stats(), **self.backend.media_stats(), name=self.name,
+                    model=self.section,
                     backend=self.backend.info.backend, description=self.backend.info.description,
                     load_s=round(self.load_s, 2), alive_s=round(time.time() - self.started, 2))
 

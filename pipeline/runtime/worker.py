@@ -11,7 +11,7 @@ import ray
 from pipeline.assembly import assemble
 from pipeline.io import fs
 from pipeline.io.plan import read_partition
-from pipeline.runtime import chaos, job_env, metrics, scratch
+from pipeline.runtime import chaos, job_env, metrics, scratch, threads
 from pipeline.runtime.model_pool import worker_models
 from pipeline.runtime.partition import AttemptOutcome, run_partition
 from pipeline.runtime.report import objects_phrase
@@ -44,9 +44,18 @@ class PartitionWorker:
         fs.configure(**self.spec.storage.model_dump(), from_env=False)
         self.index, self.run_id = index, run_id
         self.metrics = metrics.WorkerMetrics(self.spec.name, index)
-        self.pool = ThreadPoolExecutor(self.spec.runtime.decode_threads)
+        # CPU work stays within the CPUs Ray gave this actor (``threads`` module docstring):
+        # native pools capped, row steps in at most that many threads; reads, which wait
+        # on storage, keep ``decode_threads`` threads
+        cpus = threads.assigned_cpus()
+        threads.cap_threads(cpus)
+        self.pool = ThreadPoolExecutor(self.spec.runtime.decode_threads,
+                                       thread_name_prefix="read")
+        self.step_pool = ThreadPoolExecutor(
+            threads.step_threads(self.spec.runtime.decode_threads, cpus),
+            thread_name_prefix="step")
         models = worker_models(model_pools, index, wrap=self.metrics.count_model_calls)
-        self.pipeline = assemble(self.spec, models, self.pool, setup=True)
+        self.pipeline = assemble(self.spec, models, self.step_pool, setup=True)
         if self.pipeline.fingerprint != fingerprint:
             raise RuntimeError(f"worker assembled fingerprint {self.pipeline.fingerprint}, "
                                f"the driver {fingerprint}: different mmpipe versions?")

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import struct
 import threading
@@ -83,12 +84,20 @@ from pipeline.steps.imageio_util import (
     sniff_format,
 )
 
-try:  # HEIC/HEIF through libheif; AVIF uses Pillow's own AVIF plugin (Pillow >= 11.2).
-    import pillow_heif
 
+@functools.cache
+def _register_heif() -> bool:
+    """HEIC/HEIF through libheif: import pillow-heif and register its Pillow opener, once,
+    the first time a HEIF or AVIF brand is sniffed (an image-only job of JPEGs never loads
+    it). AVIF uses Pillow's own AVIF plugin (Pillow >= 11.2). False when pillow-heif is not
+    installed (HEIF then decodes to ``unsupported_format``)."""
+    try:
+        import pillow_heif
+    except ImportError:  # pragma: no cover - HEIF then decodes to unsupported_format
+        return False
     pillow_heif.register_heif_opener()
-except ImportError:  # pragma: no cover - then HEIF decodes to unsupported_format
-    pillow_heif = None
+    return True
+
 
 __all__ = ["DEFAULT_MAX_PIXELS", "DecodedImage", "decode_image", "decoded_size", "sniff_format"]
 
@@ -257,6 +266,8 @@ def _open_header(data: bytes, fmt: str) -> ImageFile.ImageFile:
     """
     last_exc: Exception | None = None
     refusal = ""
+    if fmt in _PLUGINS:  # HEIF or AVIF brand: pillow-heif's opener, registered on first use
+        _register_heif()
     for name in _PLUGINS.get(fmt, (fmt,)):
         if name not in Image.OPEN:
             Image.init()

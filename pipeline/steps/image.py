@@ -13,13 +13,14 @@ import imagehash
 import numpy as np
 from PIL import Image
 
-from pipeline.columns import (DECODE_FLAGS, FORMAT, HAS_ALPHA, HEIGHT, IMAGE, IMAGE_HEIGHT,
-                              IMAGE_WIDTH, IS_ANIMATED, MIME, N_FRAMES, PHASH, PIXELS, SHA256,
-                              SOURCE_BYTES, STATUS, WIDTH, Batch)
+from pipeline.columns import (DECODE_FLAGS, DEVICE_INPUT, FORMAT, HAS_ALPHA, HEIGHT, IMAGE,
+                              IMAGE_HEIGHT, IMAGE_WIDTH, IS_ANIMATED, MIME, N_FRAMES, PHASH,
+                              PIXELS, SHA256, SOURCE_BYTES, STATUS, WIDTH, Batch)
 from pipeline.records import RejectReason
 from pipeline.spec import DecodeSpec, FilterSpec, ResizeSpec
 from pipeline.steps.base import Filter, RowStep, Step
 from pipeline.steps.decode import decode_image, decoded_size
+from pipeline.steps.device_media import PHASH_DRAFT_PX, JpegInput, device_input
 
 
 class DecodeStep(RowStep):
@@ -28,29 +29,43 @@ class DecodeStep(RowStep):
     ``decode_flags`` is a list of str on every decoded row (``[]`` for ordinary images;
     ``float_scaled``, ``minmax_scaled``, ``nonfinite_samples``: see ``steps/decode.py``)
     and None on error rows, like the other columns this step writes.
+
+    With ``decode.device: cuda`` it also writes ``_device_input``: the
+    ``device_media.JpegInput`` (carrying ``resize``) of a JPEG the image-embedding actor
+    decodes, whose ``_pixels`` are then only a ``PHASH_DRAFT_PX`` draft, or the reason
+    (str) the row is decoded here as usual.
     """
 
     writes = (PIXELS, WIDTH, HEIGHT, MIME, FORMAT, N_FRAMES, IS_ANIMATED, HAS_ALPHA,
               DECODE_FLAGS)
 
-    def __init__(self, spec: DecodeSpec, draft_min_side_px: int | None = None):
+    def __init__(self, spec: DecodeSpec, draft_min_side_px: int | None = None,
+                 resize: ResizeSpec | None = None):
         self.spec = spec
         self.draft_min_side_px = draft_min_side_px
+        self.resize = resize
+        if spec.device == "cuda":
+            self.writes = DecodeStep.writes + (DEVICE_INPUT,)
 
     def settings(self):
         # draft_min_side_px is derived from resize and the models, both hashed already
-        return {"max_pixels": self.spec.max_pixels}
+        device = {"device": self.spec.device} if self.spec.device == "cuda" else {}
+        return {"max_pixels": self.spec.max_pixels, **device}
 
     def decoded_bytes(self, batch, i):
         """Header estimate of row ``i``'s ``_pixels`` (bytes; ``decode.decoded_size``)."""
         return decoded_size(batch[SOURCE_BYTES][i] or b"", self.draft_min_side_px)
 
     def process_row(self, batch, i):
-        img = decode_image(batch[SOURCE_BYTES][i], max_pixels=self.spec.max_pixels,
-                           draft_min_side_px=self.draft_min_side_px)
+        data, draft, out = batch[SOURCE_BYTES][i], self.draft_min_side_px, {}
+        if self.spec.device == "cuda":
+            entry = out[DEVICE_INPUT] = device_input(data, self.spec.max_pixels, draft,
+                                                     self.resize)
+            draft = PHASH_DRAFT_PX if isinstance(entry, JpegInput) else draft
+        img = decode_image(data, max_pixels=self.spec.max_pixels, draft_min_side_px=draft)
         return {PIXELS: img.pixels, WIDTH: img.width, HEIGHT: img.height, MIME: img.mime,
                 FORMAT: img.format, N_FRAMES: img.n_frames, IS_ANIMATED: img.is_animated,
-                HAS_ALPHA: img.has_alpha, DECODE_FLAGS: list(img.flags)}
+                HAS_ALPHA: img.has_alpha, DECODE_FLAGS: list(img.flags), **out}
 
 
 class FilterStep(Filter):
@@ -81,7 +96,9 @@ class HashStep(Step):
 
     ``phash`` is the 64-bit DCT perceptual hash of ``imagehash.phash`` (Zauner 2010,
     hash_size=8) of the decoded pixels, as ``phash64`` gives it (int64); None for rows
-    without pixels.
+    without pixels. (A row the model actor decodes, ``decode.device: cuda``, has only a
+    JPEG draft of >= ``PHASH_DRAFT_PX`` pixels here: its pHash may differ from a ``cpu``
+    job's by a few bits.)
     """
 
     writes = (SHA256, PHASH)
@@ -129,8 +146,19 @@ def resize_pixels(pixels: np.ndarray, spec: ResizeSpec) -> Image.Image:
     return img
 
 
+def encode(img: Image.Image, spec: ResizeSpec) -> bytes:
+    """``img`` encoded as ``spec.encode_format`` (JPEG or WebP) at ``spec.quality``."""
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG" if spec.encode_format == "jpeg" else "WEBP",
+             quality=spec.quality)
+    return buf.getvalue()
+
+
 class ResizeStep(RowStep):
-    """``_pixels`` -> ``image`` (JPEG/WebP bytes), ``image_width``, ``image_height``."""
+    """``_pixels`` -> ``image`` (JPEG/WebP bytes), ``image_width``, ``image_height``.
+
+    Rows whose ``_device_input`` is a ``JpegInput`` are left to the image-embedding model
+    actor, which returns their image (``device_media.MEDIA_IMAGES``)."""
 
     writes = (IMAGE, IMAGE_WIDTH, IMAGE_HEIGHT)
 
@@ -141,11 +169,11 @@ class ResizeStep(RowStep):
         return self.spec.model_dump(mode="json")
 
     def process_row(self, batch, i):
+        device = batch.get(DEVICE_INPUT)
+        if device is not None and isinstance(device[i], JpegInput):
+            return {}
         img = resize_pixels(batch[PIXELS][i], self.spec)
-        buf = io.BytesIO()
-        img.save(buf, format="JPEG" if self.spec.encode_format == "jpeg" else "WEBP",
-                 quality=self.spec.quality)
-        return {IMAGE: buf.getvalue(), IMAGE_WIDTH: img.width, IMAGE_HEIGHT: img.height}
+        return {IMAGE: encode(img, self.spec), IMAGE_WIDTH: img.width, IMAGE_HEIGHT: img.height}
 
     def __call__(self, batch: Batch) -> Batch:
         batch = super().__call__(batch)

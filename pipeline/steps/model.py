@@ -33,12 +33,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.columns import (CAPTION, CLIP_SCORE, FRAME_EMBEDDINGS, GENERATED_CAPTION,
-                              IMAGE_EMBEDDING, STATUS, TEXT_EMBEDDING, Batch, lookup)
+from pipeline.columns import (CAPTION, CLIP_SCORE, FRAME_EMBEDDINGS, GENERATED_CAPTION, IMAGE,
+                              IMAGE_EMBEDDING, IMAGE_HEIGHT, IMAGE_WIDTH, STATUS, TEXT_EMBEDDING,
+                              Batch, lookup)
 from pipeline.errors import ModelLoadError
-from pipeline.records import Status
+from pipeline.records import RowError, Status
 from pipeline.spec import SERVING_FIELDS
-from pipeline.steps.base import Step
+from pipeline.steps.base import Step, mark_error
+from pipeline.steps.device_media import MEDIA_ERRORS, MEDIA_IMAGES
 
 if TYPE_CHECKING:  # steps do not import models at run time (import direction)
     from pipeline.models.base import ModelInfo
@@ -61,14 +63,20 @@ class ModelStep(Step):
     ``section``: the spec section; ``section_spec``: its settings (the serving fields,
     ``spec.SERVING_FIELDS``, change where and how fast, not what, and are left out of
     ``settings()``); ``video``: rows are videos (image inputs are (F, h, w, 3) frame
-    stacks). ``bind(client, info)`` attaches the model; ``fields()`` then gives the Arrow
+    stacks); ``media_entries``: image inputs are ``device_media`` entries (``decode.device:
+    cuda``), sent as a list; the model returns the ``image``, ``image_width`` and
+    ``image_height`` (columns ``ResizeStep`` declares) of the rows it decoded
+    (``MEDIA_IMAGES``), and rows it could not decode (``MEDIA_ERRORS``) become error
+    rows. ``bind(client, info)`` attaches the model; ``fields()`` then gives the Arrow
     types. Raises ``ModelLoadError`` at bind if the model returns an undeclared column.
     """
 
-    def __init__(self, section: str, section_spec: Any, video: bool = False):
+    def __init__(self, section: str, section_spec: Any, video: bool = False,
+                 media_entries: bool = False):
         self.section = section
         self.section_spec = section_spec
         self.video = video
+        self.media_entries = media_entries
         self.writes = section_writes(section, section_spec, video)
         self.max_in_flight = section_spec.max_in_flight
         self.client: Any = None
@@ -129,12 +137,15 @@ class ModelStep(Step):
         return [col[i].shape[0] for i in rows]
 
     def inputs(self, batch: Batch, rows: list[int]) -> dict[str, Any]:
-        """The model's inputs for ``rows``: ``pixels`` (n, H, W, 3) uint8, ``text``."""
+        """The model's inputs for ``rows``: ``pixels`` (n, H, W, 3) uint8 (a list of n
+        entries with ``media_entries``), ``text``."""
         out: dict[str, Any] = {}
         counts = self._counts(batch, rows)
         if self.info.image is not None:
             col = batch[self.info.image.column]
-            if self.per_frame:
+            if self.media_entries:
+                out["pixels"] = [col[i] for i in rows]
+            elif self.per_frame:
                 out["pixels"] = np.concatenate([col[i] for i in rows])
             elif self.video:
                 out["pixels"] = np.stack([col[i][len(col[i]) // 2] for i in rows])
@@ -157,6 +168,21 @@ class ModelStep(Step):
                 if kind == "float":
                     v = column[i]
                     column[i] = None if v is None or math.isnan(v) else float(v)
+        for j, image in enumerate(outputs.get(MEDIA_IMAGES) or ()):
+            if image is not None:
+                for name, value in zip((IMAGE, IMAGE_WIDTH, IMAGE_HEIGHT), image):
+                    batch[name][rows[j]] = value
+        for j, error in enumerate(outputs.get(MEDIA_ERRORS) or ()):
+            if error is not None:
+                self._undecodable(batch, rows[j], RowError(*error))
+
+    def _undecodable(self, batch: Batch, i: int, error: RowError) -> None:
+        """Row ``i``'s image could not be decoded by the model: an error row without this
+        model's columns or the re-encoded image."""
+        mark_error(batch, i, error)
+        for name in [n for n, _ in self.kinds] + [IMAGE, IMAGE_WIDTH, IMAGE_HEIGHT]:
+            if name in batch:
+                batch[name][i] = None
 
 
 def _pool(values: Any, kind: str) -> Any:

@@ -4,7 +4,9 @@
 each served model's input: an (H, W, 3) uint8 RGB array per geometry, resized (and
 centre-cropped) like the model's own image processor does, in an internal column named
 by ``ImageGeometry.column``. The worker stacks these into (n, H, W, 3) uint8 batches; the
-model actor rescales and normalises them on its device. Nothing is decoded twice.
+model actor rescales and normalises them on its device. Nothing is decoded twice. With
+``decode.device: cuda`` the image-embedding input of a JPEG the model actor can decode is
+that JPEG instead (``steps/device_media.py``), chosen by ``DecodeStep``.
 
 ``ScoreFilterStep`` is the LAION filter: rows whose ``clip_score`` is below
 ``min_clip_score`` get ``status="rejected"``, ``reject_reason="low_clip_score"``; their
@@ -20,9 +22,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
-from pipeline.columns import CLIP_SCORE, FRAMES, IMAGE, IMAGE_HEIGHT, IMAGE_WIDTH, PIXELS
+from pipeline.columns import (CLIP_SCORE, DEVICE_INPUT, FRAMES, IMAGE, IMAGE_HEIGHT,
+                              IMAGE_WIDTH, PIXELS)
 from pipeline.records import RejectReason
 from pipeline.steps.base import Filter, RowStep
+from pipeline.steps.device_media import HostDecoded, JpegInput
 
 if TYPE_CHECKING:  # steps do not import models at run time (import direction)
     from pipeline.models.base import ImageGeometry
@@ -35,11 +39,8 @@ def model_input(pixels: np.ndarray, geometry: "ImageGeometry") -> np.ndarray:
     ``squash``: straight to height x width. Resampling filter: ``geometry.resample``.
     """
     img = Image.fromarray(pixels)
-    w, h = img.size
     if geometry.mode == "center_crop":
-        edge = geometry.shortest_edge_px
-        # the long side truncates, as Hugging Face image processors (and torchvision) do
-        size = (edge, max(1, int(edge * h / w))) if w <= h else (max(1, int(edge * w / h)), edge)
+        size = resized_size(img.width, img.height, geometry)
         if size != img.size:
             img = img.resize(size, geometry.resample)
         left = (img.width - geometry.width_px) // 2
@@ -50,17 +51,35 @@ def model_input(pixels: np.ndarray, geometry: "ImageGeometry") -> np.ndarray:
     return np.asarray(img, dtype=np.uint8)
 
 
+def resized_size(w: int, h: int, geometry: "ImageGeometry") -> tuple[int, int]:
+    """(width, height) in pixels a w x h image is resized to before the centre crop of a
+    ``center_crop`` geometry: the shorter side to ``shortest_edge_px``, the longer one
+    truncated, as Hugging Face image processors (and torchvision) do."""
+    edge = geometry.shortest_edge_px
+    return (edge, max(1, int(edge * h / w))) if w <= h else (max(1, int(edge * w / h)), edge)
+
+
 class ModelInputStep(RowStep):
     """``_pixels`` -> one model-input column per distinct geometry, for ``ok`` rows: an
     (h, w, 3) uint8 array per image; for a video (``_frames``) an (F, h, w, 3) uint8 stack
-    of its F sampled frames."""
+    of its F sampled frames.
+
+    With ``decode.device: cuda`` (a ``_device_input`` column) an image row's entry is its
+    ``device_media.JpegInput`` (decoded in the model actor) or a ``HostDecoded`` (the
+    array above and why it was decoded here).
+    """
 
     def __init__(self, geometries: "list[ImageGeometry]"):
         self.geometries = sorted(set(geometries), key=lambda g: g.column)
         self.writes = tuple(g.column for g in self.geometries)
 
     def process_row(self, batch, i):
-        pixels = batch.get(PIXELS)
+        pixels, device = batch.get(PIXELS), batch.get(DEVICE_INPUT)
+        if device is not None and isinstance(device[i], JpegInput):
+            return {g.column: device[i] for g in self.geometries}
+        if device is not None and device[i] is not None:
+            return {g.column: HostDecoded(model_input(pixels[i], g), device[i])
+                    for g in self.geometries}
         if pixels is not None and pixels[i] is not None:
             return {g.column: model_input(pixels[i], g) for g in self.geometries}
         frames = batch[FRAMES][i]

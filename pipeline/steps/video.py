@@ -63,14 +63,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import io
 import os
 import time
 from typing import Any
 
-import av
-import av.error
 import numpy as np
 
 from pipeline.columns import (DECODE_ERRORS, DURATION_S, FORMAT, FPS, FRAME_COUNT,
@@ -87,8 +86,6 @@ from pipeline.steps.image import phash64, resize_pixels
 MAX_PACKETS = 10_000_000   # ~46 h at 60 fps: beyond this a file is treated as looping
 DECODE_BUDGET_S = 600.0    # wall-clock seconds per decode pass
 SCENE_SIZE = (64, 36)      # (width, height) of the grey thumbnails compared in `scene`
-# AV_DISPOSITION_ATTACHED_PIC (libavformat/avformat.h), via PyAV's enum where it has one.
-_ATTACHED_PIC = int(getattr(getattr(av.stream, "Disposition", None), "attached_pic", 0x0400))
 
 # Container short name -> (format, mime). FFmpeg names the MP4 family demuxer
 # "mov,mp4,m4a,3gp,3g2,mj2" and Matroska "matroska,webm"; the brand / DocType decides.
@@ -96,6 +93,22 @@ _MIMES = {"mp4": "video/mp4", "mov": "video/quicktime", "webm": "video/webm",
           "matroska": "video/x-matroska", "avi": "video/x-msvideo", "flv": "video/x-flv",
           "mpegts": "video/mp2t", "mpeg": "video/mpeg", "ogg": "video/ogg",
           "asf": "video/x-ms-asf", "3gp": "video/3gpp"}
+
+
+def _av():
+    """PyAV (FFmpeg), imported on first use: an image-only job never loads it (an image
+    bundle may come without it)."""
+    import av
+    import av.error
+
+    return av
+
+
+@functools.cache
+def _attached_pic_flag() -> int:
+    """AV_DISPOSITION_ATTACHED_PIC (libavformat/avformat.h), via PyAV's enum where it has
+    one."""
+    return int(getattr(getattr(_av().stream, "Disposition", None), "attached_pic", 0x0400))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +227,7 @@ class _Decoder:
         self.limits = limits
 
     def frames(self):
+        av = _av()
         deadline = time.monotonic() + self.budget_s
         demux = self.container.demux(self.stream)
         n_packets = 0
@@ -251,6 +265,7 @@ class _Decoder:
 
 
 def _open(path: str):
+    av = _av()
     try:
         return av.open(path, metadata_errors="ignore")
     except (av.error.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
@@ -259,12 +274,13 @@ def _open(path: str):
 
 def _is_attached_picture(stream) -> bool:
     """True for a cover-art stream (disposition ``attached_pic``, FFmpeg's 0x0400)."""
-    return bool(int(getattr(stream, "disposition", 0) or 0) & _ATTACHED_PIC)
+    return bool(int(getattr(stream, "disposition", 0) or 0) & _attached_pic_flag())
 
 
 def _video_stream(container, path: str):
     """The video stream to decode (module docstring); closes ``container`` and raises
     ``RecordError`` (``no_video_stream``) when there is none."""
+    av = _av()
     videos = [s for s in container.streams.video if not _is_attached_picture(s)]
     if not videos:
         message = f"{_streams_summary(container)} in {path}"
@@ -304,6 +320,7 @@ def _packet_times(path: str, max_packets: int, budget_s: float,
                   limits: _Limits) -> tuple[list[float], int]:
     """Demux-only pass: sorted pts (seconds) of the video packets, and demux errors.
     Raises ``RecordError`` (``too_large``, ``decode_timeout``: ``_Limits``)."""
+    av = _av()
     container = _open(path)
     try:
         stream = _video_stream(container, path)
@@ -480,7 +497,7 @@ def decoded_frames_bytes(path: str, spec: VideoSpec) -> int:
     header cannot be read or the size is over ``max_frame_pixels`` (the row then fails
     before decoding). Never raises."""
     try:
-        with av.open(path, metadata_errors="ignore") as container:
+        with _av().open(path, metadata_errors="ignore") as container:
             streams = [s for s in container.streams.video if not _is_attached_picture(s)]
             if not streams:
                 return 0
@@ -516,6 +533,11 @@ class VideoDecodeStep(RowStep):
 
     def __init__(self, spec: VideoSpec):
         self.spec = spec
+
+    def setup(self) -> None:
+        """Import PyAV (FFmpeg) now, once: without it a video job fails at assembly, not
+        row by row; image jobs never construct this step, so never load it."""
+        _av()
 
     def settings(self):
         return self.spec.model_dump(mode="json", exclude={"temp_dir"})  # where, not what

@@ -46,6 +46,8 @@ def local_models(spec: JobSpec, device: str = "cpu", batch_server: bool = True,
     out = {}
     for section in enabled_sections(spec):
         backend = load_backend(section, spec, device)
-        server = BatchServer(backend, getattr(spec, section).batch_size) if batch_server else backend
+        serving = getattr(spec, section)
+        server = (BatchServer(backend, serving.batch_size, batch_wait_s=serving.batch_wait_s)
+                  if batch_server else backend)
         out[section] = (client(server), backend.info)
     return out

@@ -4,6 +4,7 @@ documented column types, per-actor stats, and a batch retried when its actor die
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -134,6 +135,14 @@ def test_gpu_check_runs_in_reduced_mode(tmp_path):
     result = json.loads(out.read_text())
     assert result["mode"].startswith("reduced") and set(result["checks"]) == {"embedding",
                                                                               "captioning"}
+    assert result["gpu_util_source"] == "unavailable"          # no GPU here: said, not faked
     for check in result["checks"].values():
         assert check["alone"]["images_per_s"] > 0 and check["mmpipe"]["complete"]
         assert check["ratio_mmpipe_over_alone"] > 0
+        assert check["mmpipe"]["gpu_util"] == {"source": "unavailable", "samples": 0}
+    media = result["checks"]["embedding"]["gpu_media"]
+    assert media["complete"] and media["records"] == 32
+    assert result["checks"]["embedding"]["ratio_gpu_media_over_alone"] > 0
+    assert set(result["cpu_pipeline"]) == {"1", str(max(1, (os.cpu_count() or 2) - 1))}
+    for run in result["cpu_pipeline"].values():
+        assert run["complete"] and run["images_per_s"] > 0 and run["workers"] >= 1

@@ -56,6 +56,53 @@ def test_queued_requests_are_coalesced_and_results_go_back_to_their_sender():
     assert stats["queue_wait_max_s"] >= 0.05                       # they waited behind the gate
 
 
+def test_requests_arriving_within_batch_wait_fill_one_batch():
+    """Four 16-row requests 5 ms apart: with a 0.5 s wait they form one 64-row batch;
+    without a wait the device takes the first one alone."""
+    for wait_s, expect_first in ((0.5, 64), (0.0, 16)):
+        backend = Doubler()
+        server = BatchServer(backend, batch_size=64, batch_wait_s=wait_s)
+        futures = []
+        for i in range(4):
+            futures.append(server.submit({"x": np.arange(i * 16, i * 16 + 16)}))
+            time.sleep(0.005)
+        for i, f in enumerate(futures):
+            np.testing.assert_array_equal(f.result(timeout=10)["y"],
+                                          np.arange(i * 16, i * 16 + 16) * 2)
+        assert backend.calls[0] == expect_first, (wait_s, backend.calls)
+        assert sum(backend.calls) == 64
+
+
+def test_a_request_that_would_overflow_the_batch_waits_for_the_next():
+    """48 + 32 rows with batch_size 64: two forward passes of 48 and 32, not 64 + 16."""
+    backend = Doubler()
+    server = BatchServer(backend, batch_size=64)
+    backend.gate.clear()
+    first = server.submit({"x": np.arange(8)})       # occupies the compute thread
+    time.sleep(0.05)
+    a, b = server.submit({"x": np.arange(48)}), server.submit({"x": np.arange(32)})
+    time.sleep(0.05)
+    backend.gate.set()
+    for f, n in ((first, 8), (a, 48), (b, 32)):
+        assert len(f.result(timeout=10)["y"]) == n
+    assert backend.calls == [8, 48, 32]
+
+
+def test_requests_queued_while_the_device_computes_fill_the_next_batch():
+    """A slow model (0.2 s per pass) and 16-row requests arriving every 10 ms: after the
+    first pass every batch is full (64 rows), without any batch_wait_s."""
+    backend = Doubler(delay_s=0.2)
+    server = BatchServer(backend, batch_size=64)
+    futures = []
+    for i in range(24):
+        futures.append(server.submit({"x": np.arange(16)}))
+        time.sleep(0.01)
+    for f in futures:
+        f.result(timeout=30)
+    assert sum(backend.calls) == 24 * 16
+    assert backend.calls[1:-1] and all(n == 64 for n in backend.calls[1:-1]), backend.calls
+
+
 def test_batches_larger_than_batch_size_are_split():
     backend = Doubler()
     server = BatchServer(backend, batch_size=4)
