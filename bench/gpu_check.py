@@ -12,7 +12,8 @@ Phases, in this order (each is skipped, and said so, once ``DEADLINE_S`` has pas
    host->device copy, normalisation, forward, result back to the host), after warm-up.
    The ceiling.
 2. ``cpu_pipeline``: ``run_job`` with no model (decode, hash, resize, re-encode, Parquet,
-   commit) with 1 PartitionWorker and with one per CPU less one; images/s each and the
+   commit) with 1 PartitionWorker and with one per CPU less one (at least 2); images/s
+   each and the
    scaling efficiency ``rate(N) / (N * rate(1))``.
 3. ``embedding.mmpipe``: ``run_job`` on a local Ray (every CPU, one GPU) with the model
    served by one ModelActor (``num_gpus=1``), images decoded on the workers
@@ -96,6 +97,7 @@ def job_spec(section: str | None, model: str | None, manifest: Path, out: Path, 
     spec = {
         "name": f"gpu-check-{section or 'cpu'}",
         "source": {"kind": "manifest", "uri": str(manifest),
+                   "allowed_roots": [str(REPO / "data" / "photos")],   # the manifest's paths
                    "partition_size": max(16, n // (4 * workers))},
         "sink": {"uri": str(out), "rows_per_row_group": 256},
         "decode": {"device": decode_device},
@@ -219,7 +221,7 @@ def through_mmpipe(spec) -> dict:
     t0 = time.time()
     report = run_job(spec)
     wall = time.time() - t0
-    markers = CheckpointStore(spec.sink.uri).markers().values()
+    markers = CheckpointStore(report.output_uri).markers().values()  # this run's generation
     window = max(m.finished_at for m in markers) - min(m.started_at for m in markers)
     actor = report.model_actors[0] if report.model_actors else {}
     out = {"images_per_s": round(report.rows_processed / window, 1),
@@ -319,7 +321,7 @@ def main() -> int:
         embedding = result["checks"]["embedding"] = {
             "alone": phase("embedding.alone", sampler, started, model_alone, "image_embedding",
                            emb, device, batch, 20 if gpu else 3)}
-        for w in sorted({1, max(1, cpus - 1)}):
+        for w in sorted({1, max(2, cpus - 1)}):
             result["cpu_pipeline"][str(w)] = phase(
                 f"cpu_pipeline.{w}", sampler, started, through_mmpipe,
                 spec(None, None, n_cpu if w > 1 else max(16, n_cpu // 4), f"cpu-{w}", workers=w))

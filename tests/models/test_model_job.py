@@ -136,13 +136,21 @@ def test_gpu_check_runs_in_reduced_mode(tmp_path):
     assert result["mode"].startswith("reduced") and set(result["checks"]) == {"embedding",
                                                                               "captioning"}
     assert result["gpu_util_source"] == "unavailable"          # no GPU here: said, not faked
-    for check in result["checks"].values():
+    for name, check in result["checks"].items():
         assert check["alone"]["images_per_s"] > 0 and check["mmpipe"]["complete"]
         assert check["ratio_mmpipe_over_alone"] > 0
         assert check["mmpipe"]["gpu_util"] == {"source": "unavailable", "samples": 0}
+        n = check["mmpipe"]["records"]
+        assert check["mmpipe"]["rows_by_status"]["ok"] == n > 0, (name, check["mmpipe"])
+        assert check["mmpipe"]["actor_mean_batch_rows"] > 1
     media = result["checks"]["embedding"]["gpu_media"]
-    assert media["complete"] and media["records"] == 32
+    assert media["complete"] and media["rows_by_status"]["ok"] == media["records"] == 32
+    # no GPU here: every JPEG the workers sent encoded was decoded by Pillow in the actor
+    decoded = media["actor_media"]["media_actor_cpu_decoded"].get("no_gpu", 0)
+    assert decoded + sum(media["actor_media"]["media_worker_decoded"].values()) == 32
+    assert decoded > 0 and media["actor_media"]["media_device_decoded"] == 0
     assert result["checks"]["embedding"]["ratio_gpu_media_over_alone"] > 0
-    assert set(result["cpu_pipeline"]) == {"1", str(max(1, (os.cpu_count() or 2) - 1))}
+    assert set(result["cpu_pipeline"]) == {"1", str(max(2, (os.cpu_count() or 2) - 1))}
     for run in result["cpu_pipeline"].values():
-        assert run["complete"] and run["images_per_s"] > 0 and run["workers"] >= 1
+        assert run["complete"] and run["rows_by_status"]["ok"] == run["records"] > 0
+    assert result["cpu_pipeline_efficiency"] > 0
