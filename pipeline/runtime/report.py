@@ -142,4 +142,20 @@ def format_model_actor(stats: dict[str, Any]) -> str:
     return (f"  model {stats['name']} ({stats.get('description', '')}): {stats['records']} "
             f"records in {stats['batches']} batches (mean {stats['mean_batch_rows']} rows), "
             f"{stats['records_per_s']:.1f} records/s, busy {stats['busy_fraction']:.0%}{waited}, "
-            f"queue wait mean {stats['queue_wait_mean_s'] * 1000:.1f} ms")
+            f"queue wait mean {stats['queue_wait_mean_s'] * 1000:.1f} ms" + _media(stats))
+
+
+def _media(stats: dict[str, Any]) -> str:
+    """``; images decoded on the device N, ...`` for an actor that decoded images
+    (``decode.device: cuda``; ``models.media`` counters), else empty."""
+    if "media_device_decoded" not in stats:
+        return ""
+
+    def counts(key: str) -> str:
+        by = stats.get(key) or {}
+        return f"{sum(by.values())}" + (f" ({', '.join(f'{k} {v}' for k, v in sorted(by.items()))})"
+                                        if by else "")
+
+    return (f"; images decoded on the device {stats['media_device_decoded']}, in the actor by "
+            f"Pillow {counts('media_actor_cpu_decoded')}, on the workers "
+            f"{counts('media_worker_decoded')}, undecodable {counts('media_decode_errors')}")

@@ -99,7 +99,8 @@ def _register_heif() -> bool:
     return True
 
 
-__all__ = ["DEFAULT_MAX_PIXELS", "DecodedImage", "decode_image", "decoded_size", "sniff_format"]
+__all__ = ["DECODE_ERRORS", "DEFAULT_MAX_PIXELS", "DecodedImage", "decode_image", "decoded_size",
+           "exif_orientation", "sniff_format"]
 
 #: Pillow's default ``Image.MAX_IMAGE_PIXELS`` (1024 * 1024 * 1024 // 4 // 3): about
 #: 0.25 GiB of 24-bit pixels.
@@ -125,9 +126,9 @@ _TRANSPOSE = {
 
 # Exceptions Pillow and its plugins raise for bad input (UnidentifiedImageError is an
 # OSError, DecompressionBombError an Exception; pillow-heif raises RuntimeError).
-_DECODE_ERRORS = (OSError, EOFError, SyntaxError, ValueError, struct.error, IndexError,
-                  TypeError, KeyError, zlib.error, RuntimeError, MemoryError,
-                  Image.DecompressionBombError)
+DECODE_ERRORS = (OSError, EOFError, SyntaxError, ValueError, struct.error, IndexError,
+                 TypeError, KeyError, zlib.error, RuntimeError, MemoryError,
+                 Image.DecompressionBombError)
 _TRUNCATED_HINTS = ("truncat", "premature end", "unexpected end", "not enough data",
                     "end of file", "end of stream")
 _TOO_LARGE_HINTS = ("too large", "too much memory", "exceeds limit", "decompression bomb")
@@ -199,7 +200,7 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
             # screen); read it again without Pillow's limit so our own check names WxH.
             with _pillow_limit_lifted():
                 im = _open_header(data, fmt)
-    except _DECODE_ERRORS as exc:
+    except DECODE_ERRORS as exc:
         raise _record_error(exc, fmt, data) from exc
 
     with im:
@@ -216,9 +217,9 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
                     # so ceil(short / s) >= draft_min_side_px.
                     im.draft(im.mode, (draft_min_side_px, draft_min_side_px))
             im.load()
-            orientation = _orientation(im)
+            orientation = exif_orientation(im)
             rgb, has_alpha, flags = _to_rgb(im)
-        except _DECODE_ERRORS as exc:
+        except DECODE_ERRORS as exc:
             raise _record_error(exc, fmt, data) from exc
 
     method = _TRANSPOSE.get(orientation)
@@ -318,7 +319,7 @@ def _frame_count(im: Image.Image) -> int:
     return max(n, 1)
 
 
-def _orientation(im: Image.Image) -> int:
+def exif_orientation(im: Image.Image) -> int:
     """EXIF Orientation 1..8 of a loaded image (PNG eXIf may follow IDAT); 1 if absent/bad."""
     try:
         value = int(im.getexif().get(_ORIENTATION_TAG, 1))

@@ -32,8 +32,8 @@ import numpy as np
 from PIL import Image, JpegImagePlugin
 
 from pipeline.spec import ResizeSpec
-# decode.py's private helpers are reused so both paths read headers the same way
-from pipeline.steps.decode import _DECODE_ERRORS, DEFAULT_MAX_PIXELS, _orientation, sniff_format
+# decode.py's helpers: both paths read headers the same way
+from pipeline.steps.decode import DECODE_ERRORS, DEFAULT_MAX_PIXELS, exif_orientation, sniff_format
 from pipeline.steps.imageio_util import icc_to_srgb
 
 __all__ = ["MEDIA_ERRORS", "MEDIA_IMAGES", "PHASH_DRAFT_PX", "HostDecoded", "JpegInput",
@@ -89,7 +89,7 @@ def device_input(data: bytes, max_pixels: int, draft_min_side_px: int | None = N
         return "not_jpeg"
     try:
         im = JpegImagePlugin.JpegImageFile(io.BytesIO(data))
-    except _DECODE_ERRORS:  # the worker's decoder reports the real error
+    except DECODE_ERRORS:  # the worker's decoder reports the real error
         return "header_error"
     with im:
         width, height = im.size
@@ -101,7 +101,7 @@ def device_input(data: bytes, max_pixels: int, draft_min_side_px: int | None = N
             return "icc_profile"
         if "adobe" in im.info and im.info.get("adobe_transform") == 0 and im.mode == "RGB":
             return "adobe_rgb"
-        orientation = _orientation(im)
+        orientation = exif_orientation(im)
     return JpegInput(data, orientation, max_pixels, draft_min_side_px, resize)
 
 

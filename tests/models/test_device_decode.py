@@ -225,6 +225,9 @@ def test_a_cuda_job_runs_through_the_runner_on_cpu_actors(ray_local, tiny_models
     assert worker["mode_cmyk"] == 1 and worker["not_jpeg"] == 1
     assert sum(worker.values()) + encoded == len(files) - 1
     assert stats["media_images_encoded"] == {"pillow": encoded}
+    line = next(x for x in report.format().splitlines() if x.startswith("  model "))
+    assert (f"images decoded on the device 0, in the actor by Pillow {encoded} (no_gpu "
+            f"{encoded}), on the workers {len(files) - 1 - encoded} (") in line
     rows = {r["key"]: r for r in read_committed(str(out)).to_pylist()}
     assert set(rows) == set(files)
     assert rows["truncated_jpeg"]["status"] == "error"
