@@ -5,10 +5,11 @@ A request's ``pixels`` is then a list of n entries (``pipeline.steps.device_medi
 on the worker). ``MediaDecoder`` turns them into one (n, h, w, 3) uint8 tensor on the
 actor's device:
 
-* every ``JpegInput`` of the request goes to ONE batched nvJPEG call
+* the ``JpegInput`` entries of the request go to batched nvJPEG calls
   (``torchvision.io.decode_jpeg(list, device="cuda")``, imported lazily; used only on a
-  CUDA device when torchvision imports); if the batch raises, each image is retried alone
-  to find the bad ones. Then the EXIF orientation is applied on the tensor (flips and
+  CUDA device when torchvision imports), one per run of at most ``DECODE_CHUNK_PIXELS``
+  header pixels (usually the whole request); if a call raises, each of its images is
+  retried alone to find the bad ones. Then the EXIF orientation is applied on the tensor (flips and
   ``rot90``, the transposes of ``PIL.ImageOps.exif_transpose``) and the image is resized
   and cropped as ``ImageGeometry`` says (``torch.nn.functional.interpolate``, bicubic or
   bilinear with antialiasing, rounded to uint8);
@@ -58,6 +59,27 @@ log = logging.getLogger(__name__)
 DecodeBatch = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
 _INTERPOLATION = {3: "bicubic", 2: "bilinear"}  # PIL.Image.Resampling -> interpolate mode
+
+
+#: Most pixels (width x height, from the headers) one nvJPEG call decodes: 128 MP, i.e.
+#: 384 MiB of RGB uint8 output plus nvJPEG's own buffers, so that a coalesced batch of
+#: large photos does not take the GPU memory the model needs. Each chunk is resized to
+#: the model input (and the output image) before the next is decoded.
+DECODE_CHUNK_PIXELS = 128 * 2**20
+
+
+def chunks(jpegs: "dict[int, JpegInput]", max_pixels: int) -> list[list[int]]:
+    """The rows of ``jpegs`` in order, cut into runs whose ``pixels`` sum to at most
+    ``max_pixels`` (a run holds at least one row; unknown sizes count as 0)."""
+    out: list[list[int]] = []
+    total = max_pixels + 1
+    for i, entry in jpegs.items():
+        if total + entry.pixels > max_pixels and (not out or out[-1]):
+            out.append([])
+            total = 0
+        out[-1].append(i)
+        total += entry.pixels
+    return out
 
 
 def nvjpeg_decoder(device: str, geometry: ImageGeometry) -> tuple[DecodeBatch | None, str]:
@@ -136,6 +158,7 @@ class MediaDecoder:
                  decode_batch: DecodeBatch | None = None,
                  encode_batch: EncodeBatch | None = None):
         self.geometry, self.device = geometry, device
+        self.chunk_pixels = DECODE_CHUNK_PIXELS
         self.decode_batch, self.unavailable = ((decode_batch, "") if decode_batch is not None
                                                else nvjpeg_decoder(device, geometry))
         self.encoder = ImageEncoder(device, encode_batch)
@@ -198,19 +221,20 @@ class MediaDecoder:
         unavailable) are left out."""
         if not jpegs or self.decode_batch is None:
             return {}
-        rows = list(jpegs)
-        with warnings.catch_warnings():  # bytes are read-only; decode_jpeg never writes them
-            warnings.simplefilter("ignore", UserWarning)
-            data = [torch.frombuffer(jpegs[i].data, dtype=torch.uint8) for i in rows]
         out, resized = {}, collections.defaultdict(dict)
-        for i, chw in zip(rows, self._decode_all(data)):
-            if chw is None:
-                continue
-            chw = orient(chw.expand(3, -1, -1) if chw.shape[0] == 1 else chw,
-                         jpegs[i].orientation)
-            out[i] = fit(chw, self.geometry)
-            if jpegs[i].resize is not None:
-                resized[jpegs[i].resize][i] = resize_output(chw, jpegs[i].resize)
+        for rows in chunks(jpegs, self.chunk_pixels):
+            with warnings.catch_warnings():  # read-only bytes; decode_jpeg never writes them
+                warnings.simplefilter("ignore", UserWarning)
+                data = [torch.frombuffer(jpegs[i].data, dtype=torch.uint8) for i in rows]
+            for i, chw in zip(rows, self._decode_all(data)):
+                if chw is None:
+                    continue
+                chw = orient(chw.expand(3, -1, -1) if chw.shape[0] == 1 else chw,
+                             jpegs[i].orientation)
+                out[i] = fit(chw, self.geometry)
+                if jpegs[i].resize is not None:
+                    resized[jpegs[i].resize][i] = resize_output(chw, jpegs[i].resize)
+            del data  # the chunk's full-size images go with the loop variables
         for spec, by_row in resized.items():
             encoded, how = self.encoder(list(by_row.values()), spec)
             self._count("media_images_encoded", how, len(encoded))

@@ -61,6 +61,8 @@ class JpegInput:
     and the JPEG draft size a ``cpu`` job's worker uses, used when the actor decodes it
     with Pillow, so that the result equals a ``cpu`` job's. ``resize``: the job's
     ``resize`` section; the actor returns the output image made with it (None: no image).
+    ``pixels``: width x height from the header (0: unknown); the actor bounds the pixels
+    it decodes at once by it.
     """
 
     data: bytes
@@ -68,6 +70,7 @@ class JpegInput:
     max_pixels: int = DEFAULT_MAX_PIXELS
     draft_min_side_px: int | None = None
     resize: ResizeSpec | None = None
+    pixels: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +105,7 @@ def device_input(data: bytes, max_pixels: int, draft_min_side_px: int | None = N
         if "adobe" in im.info and im.info.get("adobe_transform") == 0 and im.mode == "RGB":
             return "adobe_rgb"
         orientation = exif_orientation(im)
-    return JpegInput(data, orientation, max_pixels, draft_min_side_px, resize)
+    return JpegInput(data, orientation, max_pixels, draft_min_side_px, resize, width * height)
 
 
 @functools.lru_cache(maxsize=64)

@@ -185,6 +185,27 @@ def test_a_failing_batch_is_retried_per_image_and_a_broken_jpeg_is_an_error_row(
     np.testing.assert_allclose(out[IMAGE_EMBEDDING][0], alone, atol=1e-5)
 
 
+def test_device_decoding_is_cut_into_chunks_by_header_pixels(clip):
+    """With a budget of 2.5 times the smallest photo's pixels per nvJPEG call, 6 photos go
+    in calls of at most 2 images (by the header sizes), and the results equal one call's."""
+    data = [(PHOTOS / r["file"]).read_bytes() for r in coco_captions()]
+    entries = [e for e in (device_input(d, 10**9, DRAFT) for d in data)
+               if isinstance(e, JpegInput)][:6]
+    assert len(entries) == 6 and all(e.pixels > 0 for e in entries)
+    calls = []
+
+    def counting(batch):
+        calls.append(len(batch))
+        return stand_in_nvjpeg(batch)
+
+    whole = MediaDecoder(clip.geometry, "cpu", stand_in_nvjpeg)(entries).pixels
+    decoder = MediaDecoder(clip.geometry, "cpu", counting)
+    decoder.chunk_pixels = int(2.5 * min(e.pixels for e in entries))  # 3 never fit
+    got = decoder(entries)
+    assert len(calls) >= 3 and max(calls) <= 2 and sum(calls) == 6, calls
+    assert torch.equal(got.pixels, whole) and got.errors == [None] * 6
+
+
 def test_array_batches_keep_the_fast_path(clip):
     pixels = np.stack([cpu_path(d, clip.geometry) for d in inputs()[:2]])
     out = clip({"pixels": pixels})
