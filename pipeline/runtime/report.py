@@ -148,7 +148,11 @@ def format_model_actor(stats: dict[str, Any]) -> str:
 def _media(stats: dict[str, Any]) -> str:
     """``; images decoded on the device N, ...`` for an actor that decoded images
     (``decode.device: cuda``; ``models.media`` counters), else empty."""
-    if "media_device_decoded" not in stats:
+    keys = ("media_actor_cpu_decoded", "media_worker_decoded", "media_decode_errors",
+            "media_images_encoded")
+    seen = stats.get("media_device_decoded", 0) + sum(
+        sum((stats.get(k) or {}).values()) for k in keys)
+    if not seen:  # a ``cpu`` job's actor: the workers sent decoded arrays only
         return ""
 
     def counts(key: str) -> str:
@@ -158,4 +162,5 @@ def _media(stats: dict[str, Any]) -> str:
 
     return (f"; images decoded on the device {stats['media_device_decoded']}, in the actor by "
             f"Pillow {counts('media_actor_cpu_decoded')}, on the workers "
-            f"{counts('media_worker_decoded')}, undecodable {counts('media_decode_errors')}")
+            f"{counts('media_worker_decoded')}, undecodable {counts('media_decode_errors')}, "
+            f"output images encoded {counts('media_images_encoded')}")
