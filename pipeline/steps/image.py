@@ -53,8 +53,14 @@ class DecodeStep(RowStep):
         return {"max_pixels": self.spec.max_pixels, **device}
 
     def decoded_bytes(self, batch, i):
-        """Header estimate of row ``i``'s ``_pixels`` (bytes; ``decode.decoded_size``)."""
-        return decoded_size(batch[SOURCE_BYTES][i] or b"", self.draft_min_side_px)
+        """Header estimate of row ``i``'s ``_pixels`` (bytes; ``decode.decoded_size``): a
+        JPEG the model actor will decode (``decode.device: cuda``) is held here only as its
+        ``PHASH_DRAFT_PX`` draft."""
+        data, draft = batch[SOURCE_BYTES][i] or b"", self.draft_min_side_px
+        if self.spec.device == "cuda" and isinstance(device_input(data, self.spec.max_pixels),
+                                                     JpegInput):
+            draft = PHASH_DRAFT_PX
+        return decoded_size(data, draft)
 
     def process_row(self, batch, i):
         data, draft, out = batch[SOURCE_BYTES][i], self.draft_min_side_px, {}

@@ -16,7 +16,7 @@ from pipeline.columns import (DEVICE_INPUT, HEIGHT, IMAGE, IMAGE_EMBEDDING, IMAG
 from pipeline.errors import SpecError
 from pipeline.models.base import ImageGeometry, ModelInfo, OutputField
 from pipeline.spec import DecodeSpec, ResizeSpec, parse_spec
-from pipeline.steps.decode import decode_image
+from pipeline.steps.decode import decode_image, decoded_size
 from pipeline.steps.device_media import (MEDIA_ERRORS, MEDIA_IMAGES, PHASH_DRAFT_PX, HostDecoded,
                                          JpegInput, device_input)
 from pipeline.steps.image import DecodeStep, HashStep, ResizeStep, phash64
@@ -114,6 +114,13 @@ def test_worker_sends_encoded_jpegs_drafts_them_for_phash_and_leaves_their_image
     assert decode.settings()["device"] == "cuda" and DEVICE_INPUT in decode.writes
     assert "device" not in DecodeStep(DecodeSpec()).settings()
     assert DEVICE_INPUT not in DecodeStep(DecodeSpec()).writes
+    # the batch byte budget counts what the worker will hold: the draft of a JPEG sent
+    # encoded, the full decode of the others
+    rows = {SOURCE_BYTES: data}
+    assert [decode.decoded_bytes(rows, i) for i in range(3)] == [
+        decoded_size(data[0], PHASH_DRAFT_PX), decoded_size(data[1], 256),
+        decoded_size(data[2], 256)]
+    assert decode.decoded_bytes(rows, 0) * 16 <= decoded_size(data[0], 256)
     batch = decode({STATUS: ["ok"] * 3, SOURCE_BYTES: data})
     sent = batch[DEVICE_INPUT][0]
     assert isinstance(sent, JpegInput) and sent.data == data[0]
