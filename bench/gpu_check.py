@@ -236,8 +236,7 @@ def through_mmpipe(spec) -> dict:
             "actor_idle_fraction": actor.get("idle_fraction"),
             "actor_mean_batch_rows": actor.get("mean_batch_rows"),
             "actor_queue_wait_mean_s": actor.get("queue_wait_mean_s"),
-            "actor_media": {k: v for k, v in actor.items() if k.startswith("media")
-                            or k.startswith("decode")},
+            "actor_media": {k: v for k, v in actor.items() if k.startswith("media")},
             "actor": actor.get("description")})
     return out
 

@@ -46,7 +46,7 @@ import torch
 
 from pipeline.errors import RecordError
 from pipeline.models.base import ImageGeometry
-from pipeline.models.media_output import EncodeBatch, ImageEncoder, resize_output
+from pipeline.models.media_output import EncodeBatch, ImageEncoder, resize_chw, resize_output
 from pipeline.models.torch_util import copy_stream, to_device_uint8
 from pipeline.steps.decode import decode_image
 from pipeline.steps.device_media import HostDecoded, JpegInput
@@ -128,13 +128,10 @@ def fit(chw: torch.Tensor, geometry: ImageGeometry) -> torch.Tensor:
     _, h, w = chw.shape
     gh, gw = geometry.height_px, geometry.width_px
     nw, nh = resized_size(w, h, geometry) if geometry.mode == "center_crop" else (gw, gh)
-    x = chw.unsqueeze(0)
     if (nh, nw) != (h, w):
-        x = torch.nn.functional.interpolate(
-            x.float(), size=(nh, nw), mode=_INTERPOLATION.get(geometry.resample, "bicubic"),
-            antialias=True, align_corners=False).round_().clamp_(0, 255).to(torch.uint8)
+        chw = resize_chw(chw, nh, nw, _INTERPOLATION.get(geometry.resample, "bicubic"))
     top, left = (nh - gh) // 2, (nw - gw) // 2
-    return x[0, :, top:top + gh, left:left + gw].permute(1, 2, 0)
+    return chw[:, top:top + gh, left:left + gw].permute(1, 2, 0)
 
 
 @dataclasses.dataclass

@@ -36,6 +36,15 @@ def nvjpeg_encoder(device: str) -> EncodeBatch | None:
     return lambda images, quality: list(encode_jpeg(images, quality=quality))
 
 
+def resize_chw(chw: torch.Tensor, height: int, width: int, mode: str = "bicubic") -> torch.Tensor:
+    """A (C, H, W) uint8 tensor resized to (C, ``height``, ``width``) uint8 on its device:
+    ``torch.nn.functional.interpolate`` (``mode``: ``bicubic`` or ``bilinear``) with
+    antialiasing, as Pillow filters when reducing, rounded and clamped to 0..255."""
+    return torch.nn.functional.interpolate(
+        chw.unsqueeze(0).float(), size=(height, width), mode=mode, antialias=True,
+        align_corners=False).round_().clamp_(0, 255).to(torch.uint8)[0]
+
+
 def resize_output(chw: torch.Tensor, spec: ResizeSpec) -> torch.Tensor:
     """A (3, H, W) uint8 image -> (3, h, w) uint8 resized per ``spec`` on its device
     (size from ``target_size``; ``center_crop``: then a centred square of at most
@@ -43,9 +52,7 @@ def resize_output(chw: torch.Tensor, spec: ResizeSpec) -> torch.Tensor:
     _, h, w = chw.shape
     tw, th = target_size(w, h, spec)
     if (th, tw) != (h, w):
-        chw = torch.nn.functional.interpolate(
-            chw.unsqueeze(0).float(), size=(th, tw), mode="bicubic", antialias=True,
-            align_corners=False).round_().clamp_(0, 255).to(torch.uint8)[0]
+        chw = resize_chw(chw, th, tw)
     if spec.mode == "center_crop":
         side = min(tw, th, spec.size_px)
         top, left = (th - side) // 2, (tw - side) // 2

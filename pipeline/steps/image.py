@@ -56,22 +56,29 @@ class DecodeStep(RowStep):
         """Header estimate of row ``i``'s ``_pixels`` (bytes; ``decode.decoded_size``): a
         JPEG the model actor will decode (``decode.device: cuda``) is held here only as its
         ``PHASH_DRAFT_PX`` draft."""
-        data, draft = batch[SOURCE_BYTES][i] or b"", self.draft_min_side_px
-        if self.spec.device == "cuda" and isinstance(device_input(data, self.spec.max_pixels),
-                                                     JpegInput):
-            draft = PHASH_DRAFT_PX
-        return decoded_size(data, draft)
+        return decoded_size(batch[SOURCE_BYTES][i] or b"", self._draft(batch, i))
 
     def process_row(self, batch, i):
-        data, draft, out = batch[SOURCE_BYTES][i], self.draft_min_side_px, {}
-        if self.spec.device == "cuda":
-            entry = out[DEVICE_INPUT] = device_input(data, self.spec.max_pixels, draft,
-                                                     self.resize)
-            draft = PHASH_DRAFT_PX if isinstance(entry, JpegInput) else draft
-        img = decode_image(data, max_pixels=self.spec.max_pixels, draft_min_side_px=draft)
+        draft = self._draft(batch, i)
+        img = decode_image(batch[SOURCE_BYTES][i], max_pixels=self.spec.max_pixels,
+                           draft_min_side_px=draft)
+        device = {DEVICE_INPUT: batch[DEVICE_INPUT][i]} if self.spec.device == "cuda" else {}
         return {PIXELS: img.pixels, WIDTH: img.width, HEIGHT: img.height, MIME: img.mime,
                 FORMAT: img.format, N_FRAMES: img.n_frames, IS_ANIMATED: img.is_animated,
-                HAS_ALPHA: img.has_alpha, DECODE_FLAGS: list(img.flags), **out}
+                HAS_ALPHA: img.has_alpha, DECODE_FLAGS: list(img.flags), **device}
+
+    def _draft(self, batch, i) -> int | None:
+        """The JPEG draft size row ``i`` is decoded at here: ``PHASH_DRAFT_PX`` for a JPEG
+        sent to the model actor, else ``draft_min_side_px``. With ``decode.device: cuda``
+        the row's ``device_input`` is made once, by whichever of ``decoded_bytes`` (the
+        batch byte budget) and ``process_row`` asks first, and kept in ``_device_input``."""
+        if self.spec.device != "cuda":
+            return self.draft_min_side_px
+        column = batch.setdefault(DEVICE_INPUT, [None] * len(batch[SOURCE_BYTES]))
+        if column[i] is None:
+            column[i] = device_input(batch[SOURCE_BYTES][i] or b"", self.spec.max_pixels,
+                                     self.draft_min_side_px, self.resize)
+        return PHASH_DRAFT_PX if isinstance(column[i], JpegInput) else self.draft_min_side_px
 
 
 class FilterStep(Filter):

@@ -146,6 +146,27 @@ def test_worker_sends_encoded_jpegs_drafts_them_for_phash_and_leaves_their_image
     assert batch[IMAGE][1] and batch[IMAGE][2] and batch[PIXELS] == [None] * 3
 
 
+def test_each_row_header_is_read_once_for_the_budget_and_the_decode(monkeypatch):
+    """The batch byte budget (``decoded_bytes``) and the decode share one ``device_input``
+    per row: the header is not read again for the decode."""
+    import pipeline.steps.image as image
+
+    calls = []
+    monkeypatch.setattr(image, "device_input",
+                        lambda *a, **k: calls.append(a[0]) or device_input(*a, **k))
+    data = [PLAIN_PHOTO.read_bytes(), (CASES / "C12_cmyk/jpg-cmyk-2.jpg").read_bytes()]
+    decode = DecodeStep(DecodeSpec(device="cuda"), draft_min_side_px=256, resize=ResizeSpec())
+    batch = {STATUS: ["ok", "ok"], SOURCE_BYTES: data}
+    sizes = [decode.decoded_bytes(batch, i) for i in range(2)]
+    batch = decode(batch)
+    assert calls == data                                   # once each, in the budget
+    assert isinstance(batch[DEVICE_INPUT][0], JpegInput) and batch[DEVICE_INPUT][1] == "mode_cmyk"
+    assert sizes == [decoded_size(data[0], PHASH_DRAFT_PX), decoded_size(data[1], 256)]
+    assert PHASH_DRAFT_PX <= min(batch[PIXELS][0].shape[:2]) < 2 * PHASH_DRAFT_PX
+    fresh = decode({STATUS: ["ok"], SOURCE_BYTES: data[:1]})   # no budget asked: the decode
+    assert calls == data + data[:1] and isinstance(fresh[DEVICE_INPUT][0], JpegInput)
+
+
 # --- undecodable rows from the model ---------------------------------------------------------
 def test_a_row_the_model_could_not_decode_becomes_an_error_row():
     spec = parse_spec(spec_data(decode={"device": "cuda"}, image_embedding={
