@@ -52,8 +52,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from pipeline.models.base import (ImageGeometry, ModelBackend, ModelInfo,  # noqa: E402
-                                  OutputField, rows_of)
+from pipeline.contracts import ImageGeometry, ModelInfo, OutputField
+from pipeline.models.base import ModelBackend, rows_of
 
 SECTION = "image_embedding"
 DIM = 512  # CLIP ViT-B/32's embedding width

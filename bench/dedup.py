@@ -35,8 +35,8 @@ def synthesize(out: str, n: int, buckets: int, seed: int = 0) -> None:
     import pyarrow.parquet as pq
 
     from pipeline.dedup import index
-    from pipeline.io import fs
-    from pipeline.io.checkpoint import CheckpointStore, CommitMarker
+    from pipeline.storage import fs
+    from pipeline.output.checkpoint import CheckpointStore, CommitMarker
     from pipeline.spec import DatasetDedupSpec
 
     rng = np.random.default_rng(seed)

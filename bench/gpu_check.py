@@ -185,7 +185,7 @@ def model_alone(section: str, spec, device: str, batch: int, seconds: float) -> 
     from PIL import Image
 
     from pipeline.models.registry import load_backend
-    from pipeline.steps.model_input import model_input
+    from pipeline.media.geometry import model_input
 
     t0 = time.time()
     backend = load_backend(section, spec, device)
@@ -215,7 +215,7 @@ def model_alone(section: str, spec, device: str, batch: int, seconds: float) -> 
 
 def through_mmpipe(spec) -> dict:
     """``run_job`` on the local Ray; throughput over the partitions' window."""
-    from pipeline.io.checkpoint import CheckpointStore
+    from pipeline.output.checkpoint import CheckpointStore
     from pipeline.runtime.driver import run_job
 
     t0 = time.time()

@@ -182,8 +182,8 @@ def _encode(img) -> bytes:
 
 def loop_videos(target: str) -> dict:
     from pipeline.spec import ResizeSpec, VideoSpec
-    from pipeline.steps.image import resize_pixels
-    from pipeline.steps.video import decode_video
+    from pipeline.media.transform import resize_pixels
+    from pipeline.media.video import decode_video
 
     vspec, rspec = VideoSpec(sampling="uniform", num_frames=8), ResizeSpec(size_px=256)
     files = sorted(str(p) for p in Path(target).iterdir())
@@ -202,10 +202,10 @@ def loop_videos(target: str) -> dict:
 
 
 def loop_wds(target: str) -> dict:
-    from pipeline.io.webdataset import read_shard
+    from pipeline.input.shards import read_shard
     from pipeline.spec import ResizeSpec
-    from pipeline.steps.decode import decode_image
-    from pipeline.steps.image import resize_pixels
+    from pipeline.media.decode import decode_image
+    from pipeline.media.transform import resize_pixels
 
     rspec = ResizeSpec(size_px=256)
     shards = sorted(glob.glob(f"{target}/*.tar"))
@@ -224,10 +224,10 @@ def loop_wds(target: str) -> dict:
 def loop_urls(target: str) -> dict:
     import pyarrow.parquet as pq
 
-    from pipeline.io.http import HttpFetcher
+    from pipeline.storage.http import HttpFetcher
     from pipeline.spec import DecodeSpec, DownloadSpec, ResizeSpec
-    from pipeline.steps.decode import decode_image
-    from pipeline.steps.image import resize_pixels
+    from pipeline.media.decode import decode_image
+    from pipeline.media.transform import resize_pixels
 
     rspec = ResizeSpec(size_px=256)
     fetcher = HttpFetcher(DownloadSpec(timeout_s=5), DecodeSpec().max_bytes)

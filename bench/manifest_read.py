@@ -28,7 +28,7 @@ from pathlib import Path
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 
-from pipeline.io import manifest
+from pipeline.input import manifest_rows as manifest
 
 USED = ("path", "caption", "key")
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from pipeline.assembly import assemble  # noqa: E402
 from pipeline.columns import KEY, RAW_CAPTION, SOURCE_BYTES, SOURCE_URI, STATUS  # noqa: E402
-from pipeline.models.base import ImageGeometry, ModelInfo, OutputField  # noqa: E402
+from pipeline.contracts import ImageGeometry, ModelInfo, OutputField
 from pipeline.spec import JobSpec  # noqa: E402
 
 CLIP = ModelInfo("clip", (OutputField("image_embedding", "vector", 512),),

@@ -31,8 +31,8 @@ def _rss_mib() -> float:
 
 def plan_once(bucket: str, prefix: str) -> dict:
     """Child process: plan s3://bucket/prefix and report time and memory."""
-    from pipeline.io import plan as planning
-    from pipeline.io.sources import make_datasource
+    from pipeline.output import plan as planning
+    from pipeline.input import make_datasource
     from pipeline.spec import DecodeSpec, SourceSpec
 
     spec = SourceSpec(kind="files", uri=f"s3://{bucket}/{prefix}", partition_size=1000)

@@ -66,7 +66,8 @@ def _spec(n: int, endpoint: str):
 def child_plan(n: int, endpoint: str) -> dict:
     """Plan the job (a fresh process, so the peak RSS is planning's)."""
     from pipeline.assembly import assemble
-    from pipeline.io import fs, plan as planning
+    from pipeline.storage import fs
+    from pipeline.output import plan as planning
     from pipeline.runtime import driver
 
     spec = _spec(n, endpoint)
@@ -94,7 +95,7 @@ def child_resume(n: int, endpoint: str) -> dict:
     import ray
     import ray.actor
 
-    from pipeline.io import plan as planning
+    from pipeline.output import plan as planning
     from pipeline.runtime import driver
 
     counts = {"calls": 0}
@@ -190,9 +191,9 @@ def _commit_markers(n: int, endpoint: str, root: str, fingerprint: str) -> tuple
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.io import fs
-    from pipeline.io.checkpoint import CheckpointStore, CommitMarker
-    from pipeline.io.plan import read_plan
+    from pipeline.storage import fs
+    from pipeline.output.checkpoint import CheckpointStore, CommitMarker
+    from pipeline.output.plan import read_plan
 
     fs.configure(endpoint_url=endpoint)
     plan = read_plan(root)

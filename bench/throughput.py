@@ -21,7 +21,7 @@ What it does:
    one variant's memory does not pollute another's. All three run the same assembled
    ``Pipeline`` (``pipeline.assembly.assemble(spec, ...)``: the datasource, the CPU steps
    ``pipeline.steps``, the model stages ``pipeline.models``, the output schema
-   ``pipeline.schema(partition)``) over the same partitions (``pipeline.io.plan.pack`` of
+   ``pipeline.schema(partition)``) over the same partitions (``pipeline.output.plan.pack`` of
    ``pipeline.datasource.list_inputs()``, as the planner cuts them):
 
    a. mmpipe: ``run_job(spec)`` on a fresh ``ray.init(address="local",
@@ -409,7 +409,7 @@ def _quiet_ray_init(cores: int) -> float:
 
 def read_markers(out_dir: str | Path) -> list:
     """The commit markers (``CommitMarker``) of an output, in partition order."""
-    from pipeline.io.checkpoint import CheckpointStore
+    from pipeline.output.checkpoint import CheckpointStore
 
     return [m for _, m in sorted(CheckpointStore(str(out_dir)).markers().items())]
 
@@ -425,7 +425,7 @@ def _marker_window(out_dir: str, t_job: float) -> dict[str, float]:
 def plan_partitions(pipeline) -> list:
     """The partitions of the job, cut as the planner cuts them (``plan.pack`` of the
     datasource's listing, ``datasource.items_per_partition`` items each)."""
-    from pipeline.io.plan import pack
+    from pipeline.output.plan import pack
 
     return list(pack(pipeline.datasource.list_inputs(), pipeline.datasource.items_per_partition))
 
@@ -509,7 +509,7 @@ def variant_b(spec, cores: int) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
     from pipeline.assembly import assemble
-    from pipeline.io import fs
+    from pipeline.storage import fs
     from pipeline.runtime.partition import new_attempt_id, run_partition
     from pipeline.testing.local_models import local_models
 
@@ -618,7 +618,7 @@ class CpuStepsUDF:
         from concurrent.futures import ThreadPoolExecutor
 
         from pipeline.assembly import assemble
-        from pipeline.io import fs
+        from pipeline.storage import fs
         from pipeline.spec import JobSpec
 
         self.spec = JobSpec.model_validate_json(spec_json)
@@ -639,7 +639,7 @@ class CpuStepsUDF:
             _log_call(self.timeline, "cpu", t, rows)
 
     def _partition(self, partition):
-        from pipeline.io.sinks import to_table
+        from pipeline.output.sinks.parquet import to_table
         from pipeline.runtime.partition import _start_batch
 
         pid = partition.partition_id
@@ -688,7 +688,7 @@ class EmbedUDF:
         _log_call(self.timeline, "embed", t, table.num_rows)
 
     def _rows(self, table, pid: str):
-        from pipeline.io.sinks import to_table
+        from pipeline.output.sinks.parquet import to_table
 
         if pid not in self.schemas:
             self.schemas[pid] = self.pipeline.schema(self.partitions[pid])
@@ -703,7 +703,7 @@ def variant_c(spec, cores: int) -> dict[str, Any]:
     import ray
 
     from pipeline.assembly import assemble
-    from pipeline.io import fs
+    from pipeline.storage import fs
     from pipeline.runtime.model_pool import reserved_cpus
 
     init_s = _quiet_ray_init(cores)
@@ -784,7 +784,7 @@ def read_output(kind: str, out_dir: Path) -> tuple[dict[str, dict[str, Any]], An
 
     columns = ["key", "status", "reject_reason", "image", "text_embedding"]
     if kind in ("a", "b"):
-        from pipeline.io.checkpoint import committed_files, read_committed
+        from pipeline.read import committed_files, read_committed
 
         schema = pq.read_schema(committed_files(str(out_dir))[0])
         table = read_committed(str(out_dir), columns=columns)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from pipeline.errors import RecordError  # noqa: E402
 from pipeline.spec import VideoSpec  # noqa: E402
-from pipeline.steps.video import decode_video  # noqa: E402
+from pipeline.media.video import decode_video
 
 
 def opencv_facts(path: Path) -> dict:

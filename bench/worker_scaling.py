@@ -126,7 +126,7 @@ def run_one(args) -> dict:
     """One job on ``args.one`` workers (in this fresh process); the numbers as a dict."""
     import ray
 
-    from pipeline.io.checkpoint import CheckpointStore
+    from pipeline.output.checkpoint import CheckpointStore
     from pipeline.runtime.driver import run_job
 
     workdir = Path(args.workdir)

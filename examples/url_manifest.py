@@ -108,7 +108,7 @@ def write_manifest(path: Path, base_url: str) -> pa.Table:
 def read_output(output: str) -> pa.Table:
     """The committed data rows (only files named by commit markers)."""
     sys.path.insert(0, str(REPO))
-    from pipeline.io.checkpoint import read_committed
+    from pipeline.read import read_committed
 
     return read_committed(output, columns=["key", "source_uri", "status", "reject_reason",
                                            "error", "caption"])

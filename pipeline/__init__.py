@@ -2,8 +2,9 @@
 
 The import package is ``pipeline``; the console script is ``mmpipe``. See DESIGN.md
 (architecture) and README.md (how to run). Import direction:
-``cli -> runtime -> {io, steps, models} -> spec -> {records, errors}``.
-``pipeline.read_output(output)`` reads a job's committed output (``pipeline.io.output``).
+``cli -> runtime -> assembly -> {read, models} -> {steps, dedup} -> {input, output}
+-> {storage, media} -> ground`` (DESIGN.md, Layout; ``tests/house_rules.py`` checks it).
+``pipeline.read_output(output)`` reads a job's committed output (``pipeline.read``).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ def package_version() -> str:
 
 
 def __getattr__(name: str):
-    """``pipeline.read_output`` (``pipeline.io.output.read_output``), imported on first use
+    """``pipeline.read_output`` (``pipeline.read.read_output``), imported on first use
     so that ``import pipeline`` stays light (PEP 562)."""
     if name == "read_output":
-        from pipeline.io.output import read_output
+        from pipeline.read import read_output
 
         return read_output
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -35,10 +35,12 @@ from pipeline.columns import (ERROR, ERROR_REASON, KEY, PARTITION_ID, REJECT_REA
                               STATUS, COLUMNS, lookup, output_order)
 from pipeline.errors import AssemblyError
 from pipeline.dedup.index import IndexDatasink
-from pipeline.io.datasink import Datasink
-from pipeline.io.sinks import ParquetDatasink, QuarantineDatasink
-from pipeline.io.sources import Datasource, make_datasource
-from pipeline.io.wds_sink import WebDatasetDatasink
+from pipeline.output.sinks.base import Datasink
+from pipeline.output.sinks.parquet import ParquetDatasink
+from pipeline.output.sinks.quarantine import QuarantineDatasink
+from pipeline.input.base import Datasource
+from pipeline.input import make_datasource
+from pipeline.output.sinks.webdataset import WebDatasetDatasink
 from pipeline.records import Partition
 from pipeline.spec import MODEL_SECTIONS, JobSpec
 from pipeline.steps.base import RowStep, Step
@@ -57,6 +59,10 @@ RUNNER_WRITES = (KEY, PARTITION_ID, SOURCE_URI, STATUS, REJECT_REASON, ERROR_REA
 #: inputs and the resize/encode step, so they see the decoded ``_pixels``. Adding a step
 #: is one new module under ``pipeline/steps/`` plus one line here (DESIGN.md).
 STEP_FACTORIES: list[Callable[[JobSpec], Step | None]] = []
+#: Added datasinks: ``factory(spec) -> Datasink | None`` (None: not enabled by this spec),
+#: after the built-in ones. Adding a datasink is one new module under
+#: ``pipeline/output/sinks/`` (its class sets ``name`` and ``directory``) plus one line here.
+DATASINK_FACTORIES: list[Callable[[JobSpec], Datasink | None]] = []
 
 
 @dataclasses.dataclass
@@ -108,6 +114,46 @@ class Pipeline:
         return {"datasource": self.datasource.settings(),
                 "steps": {p.name: p.settings() for p in self.parts},
                 "datasinks": {s.name: s.settings() for s in self.datasinks}}
+
+    def explain(self) -> str:
+        """The assembled pipeline as text (``mmpipe validate --explain``): the datasource,
+        each CPU step and model stage with its reads, writes and output-affecting settings,
+        the datasinks with their directories, the output columns (a model column's type is
+        the bound model's: ``model-typed`` when unbound) and the fingerprint."""
+        def show(v: Any) -> str:
+            return json.dumps(v, sort_keys=True, default=str)
+
+        ds = self.datasource
+        lines = [f"job {self.spec.name}: fingerprint {self.fingerprint}",
+                 f"datasource {type(ds).__name__} (source.kind {self.spec.source.kind}, "
+                 f"media {self.spec.source.media})",
+                 f"  writes {', '.join(ds.writes)}", f"  settings {show(ds.settings())}",
+                 "steps (in order)"]
+        for p in self.steps:
+            lines += [f"  {p.name}", f"    reads {', '.join(p.reads) or '-'}",
+                      f"    writes {', '.join(p.writes) or '-'}",
+                      f"    settings {show(p.settings())}"]
+        for n, (stage, filters) in enumerate(zip(self.models.stages, self.models.filters)):
+            lines.append(f"model stage {n}")
+            for p in stage + filters:
+                reads = ", ".join(p.reads) if not isinstance(p, ModelStep) or p.info else (
+                    "caption and/or the model's image input (known once the model is bound)")
+                lines += [f"  {p.name}", f"    reads {reads or '-'}",
+                          f"    writes {', '.join(p.writes) or '-'}",
+                          f"    settings {show(p.settings())}"]
+        lines.append("datasinks")
+        for s in self.datasinks:
+            lines.append(f"  {s.name} -> {s.directory}/  settings {show(s.settings())}")
+        lines.append("output columns (then the datasource's carried columns)")
+        typed = {}
+        for p in self.parts:
+            if not isinstance(p, ModelStep) or p.info is not None:
+                typed.update({f.name: f for f in p.fields()})
+        for n in output_order({n for n in self.writes if lookup(n).kind == "output"}):
+            field = typed.get(n) or (COLUMNS[n].field() if COLUMNS[n].arrow_type is not None
+                                     else None)
+            lines.append(f"  {n}: {field.type if field is not None else 'model-typed'}")
+        return "\n".join(lines) + "\n"
 
     @property
     def fingerprint(self) -> str:
@@ -167,7 +213,8 @@ def _datasinks(spec: JobSpec) -> list[Datasink]:
     if spec.sink.webdataset.enabled:
         sinks.append(WebDatasetDatasink(spec.sink.uri, spec.sink.webdataset,
                                         spec.resize.encode_format))
-    return sinks
+    return sinks + [s for s in (factory(spec) for factory in DATASINK_FACTORIES)
+                    if s is not None]
 
 
 def assemble(spec: JobSpec, models: dict[str, tuple] | None = None,
@@ -179,13 +226,15 @@ def assemble(spec: JobSpec, models: dict[str, tuple] | None = None,
     the fingerprint, the listing and the checks, not to run). ``executor``: threads for
     row steps. ``setup``: call every step's ``setup()``.
 
-    Raises ``AssemblyError`` if a part writes an undeclared column or a model is missing.
+    Raises ``AssemblyError`` if a part writes or reads an undeclared column, reads a
+    column no earlier part writes (``_check_reads``), or a model is missing.
     """
     geometries = [info.image for _, info in (models or {}).values() if info.image is not None]
     pipeline = Pipeline(spec, make_datasource(spec.source, spec.decode, spec.download, spec.video),
                         _cpu_steps(spec, geometries), _model_stages(spec, models),
                         _datasinks(spec))
     _check_declared(pipeline)
+    _check_reads(pipeline)
     for step in pipeline.steps:
         if isinstance(step, RowStep):
             step.executor = executor
@@ -195,14 +244,32 @@ def assemble(spec: JobSpec, models: dict[str, tuple] | None = None,
 
 
 def _check_declared(pipeline: Pipeline) -> None:
+    """Every column a part writes or reads is declared (``pipeline.columns``). Raises
+    ``AssemblyError`` naming the part and the column."""
     for part in [pipeline.datasource] + pipeline.parts:
-        for name in part.writes:
+        for name in tuple(part.writes) + tuple(getattr(part, "reads", ())):
             try:
                 lookup(name)
             except KeyError as e:
                 owner = getattr(part, "name", type(part).__name__)
-                raise AssemblyError(f"{owner} writes {name!r}, which is not declared in "
+                verb = "writes" if name in part.writes else "reads"
+                raise AssemblyError(f"{owner} {verb} {name!r}, which is not declared in "
                                     "pipeline.columns") from e
+
+
+def _check_reads(pipeline: Pipeline) -> None:
+    """Every column a step reads is written before it: by the runner, the datasource or
+    an earlier part (NeMo Curator's stage ``inputs()``/``outputs()`` rule). Raises
+    ``AssemblyError`` naming the step and the column."""
+    written = set(RUNNER_WRITES) | set(pipeline.datasource.writes)
+    for part in pipeline.parts:
+        for name in part.reads:
+            if name not in written:
+                where = ("no part writes it" if name not in pipeline.writes else
+                         "it is written only by a later part")
+                raise AssemblyError(f"{part.name} reads {name!r}, which no earlier part writes "
+                                    f"({where}; written before it: {sorted(written)})")
+        written |= set(part.writes)
 
 
 def fingerprint(spec: JobSpec) -> str:

@@ -39,9 +39,12 @@ def _load(args):
 
 def cmd_validate(args) -> int:
     spec = _load(args)
-    from pipeline.assembly import fingerprint
+    from pipeline.assembly import assemble
 
-    print(f"{args.spec}: valid (fingerprint {fingerprint(spec)})")
+    pipeline = assemble(spec)
+    if args.explain:
+        sys.stdout.write(pipeline.explain())
+    print(f"{args.spec}: valid (fingerprint {pipeline.fingerprint})")
     return 0
 
 
@@ -96,8 +99,8 @@ def _dedup_pending(spec) -> bool:
     if not spec.dedup.dataset.enabled:
         return False
     from pipeline.dedup.store import DedupStore
-    from pipeline.io.checkpoint import CheckpointStore
-    from pipeline.io.generations import read_root
+    from pipeline.output.checkpoint import CheckpointStore
+    from pipeline.output.generations import read_root
 
     root = read_root(spec.sink.uri)
     done = DedupStore(root).complete()
@@ -107,7 +110,7 @@ def _dedup_pending(spec) -> bool:
 def cmd_dedup(args) -> int:
     """Run or resume the dataset-wide dedup pass over OUTPUT (settings from the job spec
     stored in the output); exit 0 complete, 1 a task failed, 2 no hash index."""
-    from pipeline.io.output import stored_spec
+    from pipeline.read import stored_spec
     from pipeline.runtime import local_ray, stops
 
     try:
@@ -144,8 +147,8 @@ def cmd_export(args) -> int:
     newest complete dedup pass) as Parquet files under DEST."""
     import pyarrow.dataset as ds
 
-    from pipeline.io import fs
-    from pipeline.io.output import read_output
+    from pipeline.storage import fs
+    from pipeline.read import read_output
 
     try:
         view = read_output(args.output, deduplicated=args.deduplicated)
@@ -178,10 +181,11 @@ def cmd_status(args) -> int:
 
 
 def cmd_gc(args) -> int:
-    """Delete the files no commit marker names, by liveness (``pipeline.io.gc``); exit 2
+    """Delete the files no commit marker names, by liveness (``pipeline.output.gc``); exit 2
     (nothing deleted) if OUTPUT is not an mmpipe output."""
     from pipeline.dedup.store import unreferenced as dedup_unreferenced
-    from pipeline.io import fs, gc, generations
+    from pipeline.storage import fs
+    from pipeline.output import gc, generations
 
     min_age_s = args.min_age_s or 0.0
     found = gc.collect(args.output, args.lease_margin_s, min_age_s)  # NotAnOutputError: 2
@@ -216,14 +220,19 @@ DEDUP_MIN_AGE_S = 3600.0
 def cmd_ls(args) -> int:
     """Print the committed files of an output (named by commit markers), one URI per line;
     exit 2 if OUTPUT is not an mmpipe output."""
-    from pipeline.io.checkpoint import committed_files
-    from pipeline.io.output import is_output
+    from pipeline.read import committed_files
+    from pipeline.output.layout import is_output
 
     if not is_output(args.output):
         print(f"error: {args.output} is not an mmpipe output (no _plan/ or _checkpoints/)",
               file=sys.stderr)
         return 2
-    for uri in committed_files(args.output, args.kind):
+    try:
+        files = committed_files(args.output, args.kind)
+    except ValueError as e:
+        print(f"error: --kind: {e}", file=sys.stderr)
+        return 2
+    for uri in files:
         print(uri)
     return 0
 
@@ -315,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check a job spec; exit 2 naming the bad field")
     _spec_args(p)
+    p.add_argument("--explain", action="store_true", help="print the assembled pipeline: "
+                   "datasource, steps with their reads/writes/settings, model stages, "
+                   "datasinks, output columns and the fingerprint")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("run", help="run a job on Ray (local, or --address / RAY_ADDRESS)")
     _spec_args(p)
@@ -350,9 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ls", help="list the committed output files (named by commit "
                        "markers), one URI per line")
     p.add_argument("output", help="output location (sink.uri)")
-    p.add_argument("--kind", choices=["data", "quarantine", "wds"],
-                   help="only Parquet data files, quarantine files or WebDataset shards "
-                   "(default: all)")
+    p.add_argument("--kind", help="only the files of one attempt directory: data (Parquet "
+                   "data files), quarantine, wds (WebDataset shards), or any other "
+                   "datasink's directory (output/layout.py; default: all)")
     p.set_defaults(func=cmd_ls)
     p = sub.add_parser("spec", help="print the job spec reference (Markdown, as in "
                        "docs/spec.md) or its JSON Schema")

@@ -86,7 +86,7 @@ KEY = declare("key", pa.string(), "Record key: file stem, manifest key or WebDat
 PARTITION_ID = declare("partition_id", pa.string(), "Partition that produced the row.")
 SOURCE_URI = declare("source_uri", pa.string(), "Where the record's media came from, as a URI: "
                      "s3://, http(s)://, file:// or relative to the working directory "
-                     "(pipeline.io.source_uri).")
+                     "(pipeline.input.source_uri).")
 STATUS = declare("status", pa.string(), "ok | rejected | error (records.Status).")
 REJECT_REASON = declare("reject_reason", pa.string(), "records.RejectReason when rejected.")
 ERROR_REASON = declare("error_reason", pa.string(), "records.ErrorReason when status=error.")
@@ -99,7 +99,7 @@ FORMAT = declare("format", pa.string(), "Pillow format name (images) or containe
 N_FRAMES = declare("n_frames", pa.int32(), "Animation frames or TIFF pages (images).")
 IS_ANIMATED = declare("is_animated", pa.bool_(), "Multi-frame GIF/APNG/WebP/AVIF/HEIF.")
 DECODE_FLAGS = declare("decode_flags", pa.list_(pa.string()), "Image decoder flags (e.g. "
-                       "float_scaled: float pixels scaled to 8 bits; see steps/decode.py).")
+                       "float_scaled: float pixels scaled to 8 bits; see media/decode.py).")
 HAS_ALPHA = declare("has_alpha", pa.bool_(), "The source had transparency.")
 SHA256 = declare("sha256", pa.string(), "sha256 (hex) of the source bytes.")
 PHASH = declare("phash", pa.int64(), "64-bit DCT perceptual hash (imagehash.phash): its 64 "
@@ -154,5 +154,10 @@ DEVICE_INPUT = declare("_device_input", None, "decode.device cuda: the steps.dev
                        "JpegInput the image-embedding actor decodes, or why the row is "
                        "decoded on the worker (str).", kind="internal")
 
-#: Output names a carried manifest column may not take (it becomes ``meta_<name>``).
-RESERVED = frozenset(n for n, c in COLUMNS.items() if c.kind != "internal")
+
+
+def reserved() -> frozenset[str]:
+    """Output names a carried manifest column may not take (it becomes ``meta_<name>``):
+    every non-internal column declared so far, by this module or any step or datasink
+    module imported later (read when asked, never cached)."""
+    return frozenset(n for n, c in COLUMNS.items() if c.kind != "internal")

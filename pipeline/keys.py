@@ -14,7 +14,7 @@ a key *injectively* - two different inputs never give the same key - by percent-
 
 Keys without those characters are unchanged (``000000039769``, ``photos/cat``).
 
-How each datasource derives keys (``pipeline.io.sources``):
+How each datasource derives keys (``pipeline.input.base``):
 
 - files: the path relative to ``source.uri`` without its extension; when several media
   files share that stem (``x.jpg`` and ``x.png``), each keeps its extension

@@ -60,7 +60,7 @@ def image_extensions() -> tuple[str, ...]:
 SourceKind = Literal["files", "manifest", "webdataset"]
 SOURCE_KINDS: tuple[str, ...] = typing.get_args(SourceKind)
 
-# The source.kind values whose datasource (pipeline.io.sources) reads each of these source
+# The source.kind values whose datasource (pipeline.input.base) reads each of these source
 # fields; the other source fields (kind, media, uri, caption_column) are read by every kind.
 SOURCE_FIELD_KINDS: dict[str, tuple[str, ...]] = {
     "manifest_format": ("manifest",),

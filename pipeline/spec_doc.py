@@ -25,7 +25,6 @@ from typing import Any, Literal
 import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from pipeline.spec import SOURCE_FIELD_KINDS, SOURCE_KINDS, JobSpec
 

@@ -75,7 +75,7 @@ def s3_env(s3_server, monkeypatch):
     """This process (and Ray workers it starts) talks to the test S3 server; a fresh bucket."""
     import uuid
 
-    from pipeline.io import fs
+    from pipeline.storage import fs
 
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)

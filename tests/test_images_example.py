@@ -7,9 +7,9 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 from pipeline.assembly import assemble
-from pipeline.io import plan as planning
-from pipeline.io.checkpoint import read_committed
-from pipeline.io.sources import make_datasource
+from pipeline.output import plan as planning
+from pipeline.read import read_committed
+from pipeline.input import make_datasource
 from pipeline.runtime.partition import run_partition
 from pipeline.spec import load_spec
 from pipeline.steps.caption import CaptionStep

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import jsonschema
-import pytest
 import yaml
 
 from pipeline import spec_doc

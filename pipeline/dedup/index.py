@@ -27,14 +27,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.columns import KEY, PHASH, SHA256, STATUS, Batch
-from pipeline.io import fs
-from pipeline.io.datasink import Datasink, WriteResult
+from pipeline.output.sinks.base import FileDatasink
+from pipeline.output.layout import INDEX_DIR
 from pipeline.records import Status
 from pipeline.spec import DatasetDedupSpec
 
 log = logging.getLogger(__name__)
 
-INDEX_ROOT = "_index"
+INDEX_ROOT = INDEX_DIR
 KINDS = ("exact", "near")   # written at commit; semantic assignments are made by the pass
 
 SCHEMAS = {
@@ -138,12 +138,13 @@ def _split(out: dict, kind: str, table: pa.Table, buckets: np.ndarray) -> None:
         out[(kind, int(sorted_b[s]))] = table.take(order[s:e])
 
 
-class IndexDatasink(Datasink):
+class IndexDatasink(FileDatasink):
     """Writes the partition's hash index files (``index_tables``) when the attempt
     completes: memory is the ok rows' keys and hashes of one partition (~100 bytes a
     row). The commit marker names every file, so gc and readers treat them like data."""
 
     name = "index"
+    directory = INDEX_DIR
 
     def __init__(self, output_uri: str, spec: DatasetDedupSpec):
         super().__init__(output_uri)
@@ -156,7 +157,6 @@ class IndexDatasink(Datasink):
         self.positions: list[int] = []
         self.sha: list[str] = []
         self.phash: list[int | None] = []
-        self.written: list[str] = []
 
     def settings(self) -> dict[str, Any]:
         """What changes the index files: kinds, buckets and the pHash block split."""
@@ -177,24 +177,10 @@ class IndexDatasink(Datasink):
                 self.phash.append(None if phash is None else phash[i])
         self.rows += len(batch[STATUS])
 
-    def _close(self) -> WriteResult:
+    def _finish(self) -> None:
         tables = index_tables(self.keys, self.partition_id, self.positions, self.sha,
                               self.phash, self.spec)
-        result = WriteResult()
         for (kind, bucket), table in sorted(tables.items()):
             rel = index_file(kind, bucket, self.partition_id, self.attempt_id)
-            out = fs.HashingOutput(self.layout.uri(rel))
-            self.written.append(rel)
-            pq.write_table(table, out)
-            out.close()
-            result += WriteResult((rel,), table.num_rows, out.size, {rel: out.sha256})
-        return WriteResult(result.files, 0, result.bytes_written, result.sha256)
-
-    def on_write_failed(self, error: BaseException | None = None) -> None:
-        """Delete the index files this attempt wrote (a failure is logged; gc collects)."""
-        for rel in self.written:
-            try:
-                fs.delete_file(self.layout.uri(rel))
-            except OSError:
-                log.warning("could not delete %s", rel, exc_info=True)
-        self.written = []
+            pq.write_table(table, self.open_file(rel))
+            self.finish_file(rel, 0)       # index rows are not output rows

@@ -32,10 +32,10 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import CommitError
-from pipeline.io import fs
-from pipeline.io.layout import OutputLayout
+from pipeline.storage import fs
+from pipeline.output.layout import DEDUP_DIR, OutputLayout
 
-ROOT = "_dedup"
+ROOT = DEDUP_DIR
 CHECKPOINTS = f"{ROOT}/_checkpoints"
 
 #: Rows of a generation's index-file list.
@@ -239,7 +239,7 @@ def latest_duplicates(output_uri: str) -> pa.Table | None:
     """The ``duplicates`` table (``groups.DUPLICATES_SCHEMA``) of the newest complete
     dedup generation in the newest complete output generation of ``output_uri``, or None if the dedup pass never completed there."""
     from pipeline.dedup.groups import DUPLICATES_SCHEMA
-    from pipeline.io.generations import read_root
+    from pipeline.output.generations import read_root
 
     store = DedupStore(read_root(output_uri))   # the newest complete generation's pass
     done = store.complete()

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from pipeline.dedup import index, pairs
 from pipeline.dedup.groups import PAIRS_SCHEMA
 from pipeline.dedup.store import DedupStore, Generation, TaskMarker, new_id
-from pipeline.io import fs
+from pipeline.storage import fs
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def _embeddings(store: DedupStore, data_file: str) -> tuple[pa.Table, np.ndarray
 
 def data_files(store: DedupStore, pids: list[str]) -> list[str]:
     """The committed data files of ``pids`` (from their commit markers), in plan order."""
-    from pipeline.io.checkpoint import CheckpointStore
+    from pipeline.output.checkpoint import CheckpointStore
 
     cp = CheckpointStore(store.output_uri)
     out = []

@@ -12,7 +12,7 @@ Batch inputs (one entry per row, n rows):
 * ``pixels``: ``np.ndarray`` (n, H, W, 3) uint8 RGB, already resized/cropped on the CPU side
   to ``info.image`` (``ImageGeometry``); rescaling and normalisation happen on the device.
   With ``decode.device: cuda`` (image embeddings only) a list of n entries instead, some
-  still encoded (``steps/device_media.py``, ``models/media.py``); the outputs then also
+  still encoded (``media/device.py``, ``models/media.py``); the outputs then also
   hold ``media_errors`` (per row None or ``(error_reason, message)``) and
   ``media_images`` (per row None or the output ``(image, width, height)``).
 * ``text``: list of n ``str`` (``None`` where a row has no caption, if ``info.text`` is
@@ -24,85 +24,13 @@ NaN where undefined) or a list of n values (strings), as declared by ``info.outp
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
+from pipeline.contracts import ModelInfo
 
 Inputs = dict[str, Any]
 Outputs = dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class ImageGeometry:
-    """How the CPU side turns decoded pixels into a model's uint8 input, once per record.
-
-    ``mode``: ``center_crop`` (shorter side to ``crop`` edge, then centre crop; CLIP) or
-    ``squash`` (resize to height x width, aspect not kept; SigLIP, BLIP).
-    ``height_px``/``width_px``: the array's size. ``shortest_edge_px``: the resize target
-    before the crop (``center_crop`` only). ``resample``: a ``PIL.Image.Resampling`` value.
-    """
-
-    mode: Literal["center_crop", "squash"]
-    height_px: int
-    width_px: int
-    shortest_edge_px: int = 0
-    resample: int = 3  # bicubic
-
-    @property
-    def column(self) -> str:
-        """The internal batch column holding pixels of this geometry."""
-        from pipeline.columns import MODEL_PIXELS
-
-        edge = f"-{self.shortest_edge_px}" if self.mode == "center_crop" else ""
-        return f"{MODEL_PIXELS}{self.mode}{edge}_{self.height_px}x{self.width_px}_r{self.resample}"
-
-    @property
-    def min_side_px(self) -> int:
-        """Smallest decoded shorter side that makes this input without upscaling."""
-        if self.mode == "center_crop":
-            return max(self.shortest_edge_px, self.height_px, self.width_px)
-        return max(self.height_px, self.width_px)
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputField:
-    """An output column: ``kind`` ``vector`` (fixed_size_list<dtype>[dim], L2-normalised),
-    ``vectors`` (list<fixed_size_list<dtype>[dim]>: one vector per video frame), ``float``
-    (float32 scalar) or ``text`` (large_string)."""
-
-    name: str
-    kind: Literal["vector", "vectors", "float", "text"]
-    dim: int = 0
-    dtype: Literal["float32", "float16"] = "float32"
-
-    def arrow(self):
-        import pyarrow as pa
-
-        if self.kind in ("vector", "vectors"):
-            value = pa.float16() if self.dtype == "float16" else pa.float32()
-            vector = pa.list_(value, self.dim)
-            return pa.field(self.name, vector if self.kind == "vector" else pa.list_(vector))
-        if self.kind == "float":
-            return pa.field(self.name, pa.float32())
-        return pa.field(self.name, pa.large_string())
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelInfo:
-    """What a loaded backend needs and produces (picklable; sent to partition workers).
-
-    ``image``: geometry of the ``pixels`` input, or None if the model takes no image.
-    ``text``: ``"required"`` (only rows with a caption are sent), ``"optional"`` (rows
-    without one are sent with ``None``) or None. ``outputs``: the columns it returns.
-    ``description``: backend, model location, device and dtype, for logs and reports.
-    """
-
-    backend: str
-    outputs: tuple[OutputField, ...]
-    image: ImageGeometry | None = None
-    text: Literal["required", "optional"] | None = None
-    description: str = ""
 
 
 class ModelBackend:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.models.base import ImageGeometry, ModelBackend, ModelInfo, OutputField
+from pipeline.contracts import ImageGeometry, ModelInfo, OutputField
+from pipeline.models.base import ModelBackend
 from pipeline.models.torch_util import (copies_done, geometry_from_processor, normalizer_for,
                                         pick_dtype, to_device_uint8, wait_for)
 from pipeline.columns import GENERATED_CAPTION

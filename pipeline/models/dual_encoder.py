@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.models.base import ModelBackend, ModelInfo, OutputField
+from pipeline.models.base import ModelBackend
+from pipeline.contracts import ModelInfo, OutputField
 from pipeline.models.media import MediaDecoder
 from pipeline.models.text import cap_chars
 from pipeline.models.torch_util import (copies_done, geometry_from_processor, l2_normalize,
@@ -24,7 +25,7 @@ from pipeline.models.torch_util import (copies_done, geometry_from_processor, l2
                                         wait_for)
 from pipeline.columns import CLIP_SCORE, IMAGE_EMBEDDING
 from pipeline.spec import ImageEmbedSpec
-from pipeline.steps.device_media import MEDIA_ERRORS, MEDIA_IMAGES
+from pipeline.media.device import MEDIA_ERRORS, MEDIA_IMAGES
 
 
 def _features(out) -> torch.Tensor:

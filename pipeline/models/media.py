@@ -1,6 +1,6 @@
 """Images decoded in the model actor (``decode.device: cuda``): entries -> a uint8 batch.
 
-A request's ``pixels`` is then a list of n entries (``pipeline.steps.device_media``):
+A request's ``pixels`` is then a list of n entries (``pipeline.media.device``):
 ``JpegInput`` (encoded JPEG), ``HostDecoded`` or a plain (h, w, 3) uint8 array (decoded
 on the worker). ``MediaDecoder`` turns them into one (n, h, w, 3) uint8 tensor on the
 actor's device:
@@ -45,13 +45,13 @@ import numpy as np
 import torch
 
 from pipeline.errors import RecordError
-from pipeline.models.base import ImageGeometry
+from pipeline.contracts import ImageGeometry
 from pipeline.models.media_output import EncodeBatch, ImageEncoder, resize_chw, resize_output
 from pipeline.models.torch_util import copy_stream, to_device_uint8
-from pipeline.steps.decode import decode_image
-from pipeline.steps.device_media import HostDecoded, JpegInput
-from pipeline.steps.image import encode, resize_pixels
-from pipeline.steps.model_input import model_input, resized_size
+from pipeline.media.decode import decode_image
+from pipeline.media.device import HostDecoded, JpegInput
+from pipeline.media.transform import encode, resize_pixels
+from pipeline.media.geometry import model_input, resized_size
 
 log = logging.getLogger(__name__)
 

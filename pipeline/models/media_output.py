@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from pipeline.spec import ResizeSpec
-from pipeline.steps.image import encode, target_size
+from pipeline.media.transform import encode, target_size
 
 #: encode_batch(list of (3, H, W) uint8 device tensors, quality) -> list of 1-D uint8 tensors
 EncodeBatch = Callable[[list[torch.Tensor], int], list[torch.Tensor]]

@@ -79,7 +79,7 @@ class SentenceTransformerBackend(ModelBackend):
     float16 on a GPU)."""
 
     def __init__(self, model_dir: str, spec, device: str, backend: str = "sentence-transformers"):
-        from pipeline.models.base import ModelInfo, OutputField
+        from pipeline.contracts import ModelInfo, OutputField
         from pipeline.models.torch_util import pick_dtype
         from pipeline.columns import TEXT_EMBEDDING
 

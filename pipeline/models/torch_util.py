@@ -110,7 +110,7 @@ def normalizer_for(image_processor, size_hw: tuple[int, int], device: str,
 
 def geometry_from_processor(image_processor, fallback_px: int = 224):
     """The CPU-side ``ImageGeometry`` that reproduces a HF image processor's resize/crop."""
-    from pipeline.models.base import ImageGeometry
+    from pipeline.contracts import ImageGeometry
 
     size = _as_dict(getattr(image_processor, "size", None))
     crop = _as_dict(getattr(image_processor, "crop_size", None))

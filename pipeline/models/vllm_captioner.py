@@ -16,7 +16,8 @@ import importlib.util
 import numpy as np
 
 from pipeline.errors import ModelLoadError
-from pipeline.models.base import ImageGeometry, ModelBackend, ModelInfo, OutputField
+from pipeline.contracts import ImageGeometry, ModelInfo, OutputField
+from pipeline.models.base import ModelBackend
 from pipeline.models.captioner import DEFAULT_VLM_PROMPT, DEFAULT_VLM_SIZE_PX
 from pipeline.columns import GENERATED_CAPTION
 from pipeline.spec import CaptionModelSpec

@@ -12,7 +12,7 @@
   while the listing (names, sizes, mtimes) is unchanged; a Hugging Face id through
   ``huggingface_hub.snapshot_download``, which honours ``HF_HUB_OFFLINE``.
 
-Remote objects are read through ``pipeline.io.fs`` only (the one module that knows URI
+Remote objects are read through ``pipeline.storage.fs`` only (the one module that knows URI
 schemes). A cached copy is validated by size, and by ETag as soon as ``fs.list_files``
 entries carry one (today they carry the size only).
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ModelLoadError
-from pipeline.io import fs
+from pipeline.storage import fs
 from pipeline.models.text import BUNDLED_MINILM
 
 log = logging.getLogger(__name__)

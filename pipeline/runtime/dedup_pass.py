@@ -22,9 +22,9 @@ from pipeline.dedup import groups, tasks
 from pipeline.dedup.index import INDEX_ROOT, KINDS
 from pipeline.dedup.store import FILES_SCHEMA, DedupStore, Generation, TaskMarker, new_id
 from pipeline.errors import SpecError
-from pipeline.io import fs
-from pipeline.io.generations import read_root
-from pipeline.io.checkpoint import CheckpointStore
+from pipeline.storage import fs
+from pipeline.output.generations import read_root
+from pipeline.output.checkpoint import CheckpointStore
 from pipeline.runtime import chaos, job_env
 from pipeline.spec import DatasetDedupSpec, StorageSpec
 

@@ -21,8 +21,9 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from pipeline.assembly import assemble
 from pipeline.errors import PartitionError
-from pipeline.io import fs, plan as planning
-from pipeline.io.checkpoint import CheckpointStore
+from pipeline.storage import fs
+from pipeline.output import plan as planning
+from pipeline.output.checkpoint import CheckpointStore
 from pipeline.models.registry import check_models
 from pipeline.runtime.metrics import DriverMetrics, job_namespace
 from pipeline.runtime.model_pool import (actor_request, model_stats, reserved_cpus,

@@ -21,7 +21,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from pipeline.errors import MmpipeError
-from pipeline.models.base import ModelInfo
+from pipeline.contracts import ModelInfo
 from pipeline.runtime.metrics import ModelMetrics, job_namespace
 from pipeline.spec import JobSpec
 
@@ -78,7 +78,7 @@ class ModelActor:
     """Holds one replica of the model of spec section ``section``; ``run(inputs) -> columns``."""
 
     def __init__(self, section: str, spec_json: str):
-        from pipeline.io import fs
+        from pipeline.storage import fs
         from pipeline.models.registry import load_backend
         from pipeline.models.serving import BatchServer
         from pipeline.models.torch_util import pick_device

@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 
 from pipeline.errors import CommitError
-from pipeline.io import generations, plan as planning
-from pipeline.io.checkpoint import CheckpointStore
-from pipeline.io.job_lease import JobLease
+from pipeline.output import generations, plan as planning
+from pipeline.output.checkpoint import CheckpointStore
+from pipeline.output.job_lease import JobLease
 from pipeline.spec import JobSpec
 
 log = logging.getLogger(__name__)

@@ -23,13 +23,13 @@ from pipeline.assembly import Pipeline
 from pipeline.columns import (ERROR, ERROR_REASON, PARTITION_ID, READ_ERROR, REJECT_REASON,
                               STATUS, Batch)
 from pipeline.errors import AssemblyError, PartitionError
-from pipeline.io import retry
-from pipeline.io.checkpoint import MARKER_VERSION, CheckpointStore, CommitMarker, verify_files
-from pipeline.io.generations import output_of
-from pipeline.io.job_lease import check_job_lease
-from pipeline.io.lease import AttemptLease
-from pipeline.io.datasink import WriteResult
-from pipeline.io.stats import AttemptStats
+from pipeline.storage import retry
+from pipeline.output.checkpoint import MARKER_VERSION, CheckpointStore, CommitMarker, verify_files
+from pipeline.output.generations import output_of
+from pipeline.output.job_lease import check_job_lease
+from pipeline.output.lease import AttemptLease
+from pipeline.output.sinks.base import WriteResult
+from pipeline.stats import AttemptStats
 from pipeline.records import Partition, Status
 from pipeline.runtime.budget import cut_batch
 

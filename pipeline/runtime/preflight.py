@@ -15,10 +15,10 @@ import os
 from typing import Any, NamedTuple
 
 from pipeline.errors import PlanError
-from pipeline.io import fs
-from pipeline.io import plan as planning
-from pipeline.io.checkpoint import CheckpointStore, CommitMarker
-from pipeline.io.committed import Committed
+from pipeline.storage import fs
+from pipeline.output import plan as planning
+from pipeline.output.checkpoint import CheckpointStore, CommitMarker
+from pipeline.output.committed import Committed
 from pipeline.spec import JobSpec
 
 
@@ -38,7 +38,7 @@ def preflight(spec: JobSpec, models: bool = True) -> Preflight:
     Checks, in order: the spec assembles (``AssemblyError``); ``source.uri`` exists and
     lists something fit for ``source.kind`` (``check_source``); the output can take this
     spec (``check_output``); with ``models``, every enabled model is present and complete
-    (``models.registry.check_models``, ``ModelLoadError``). Configures ``pipeline.io.fs``
+    (``models.registry.check_models``, ``ModelLoadError``). Configures ``pipeline.storage.fs``
     from ``spec.storage`` first. Every error raised is an ``MmpipeError`` (exit code 2).
     """
     from pipeline.assembly import assemble
@@ -95,7 +95,7 @@ def check_source(spec: JobSpec) -> None:
 def _check_manifests(spec: JobSpec) -> None:
     """A ``manifest`` source prefix holds manifest files (``manifest.list_manifests``, which
     leaves out the ``.json`` caption sidecars of media files). Raises ``PlanError``."""
-    from pipeline.io.manifest import list_manifests
+    from pipeline.input.manifest_rows import list_manifests
 
     src = spec.source
     if not list_manifests(src.uri, src.manifest_format):
@@ -135,7 +135,7 @@ def check_output(spec: JobSpec, pipeline) -> bool:
     generation, so any content is fine. Returns True when there is nothing to run
     (``resume``, a stored plan, every planned partition committed under
     ``pipeline.fingerprint``). Raises ``PlanError``."""
-    from pipeline.io import generations, job_lease
+    from pipeline.output import generations, job_lease
 
     mode = spec.runtime.mode
     generations.check_locations(spec)
@@ -166,7 +166,7 @@ def committed_markers(output_uri: str, pipeline) -> Committed:
     without a record (an output written before records existed) has every marker read
     and checked. Raises ``PlanError`` (``foreign_output_message``) if partitions were
     committed under another fingerprint: resuming would mix two outputs."""
-    from pipeline.io.generations import record_of_root
+    from pipeline.output.generations import record_of_root
 
     fp = pipeline.fingerprint
     store = CheckpointStore(output_uri)

@@ -6,7 +6,7 @@ import collections
 import dataclasses
 from typing import Any
 
-from pipeline.io.checkpoint import CommitMarker
+from pipeline.output.checkpoint import CommitMarker
 
 
 @dataclasses.dataclass

@@ -14,12 +14,13 @@ from typing import Any
 
 from pipeline.dedup.store import summary as dedup_summary
 from pipeline.errors import MmpipeError
-from pipeline.io import fs, generations
-from pipeline.io.checkpoint import CheckpointStore
-from pipeline.io.job_lease import current_job_lease
-from pipeline.io.layout import OutputLayout
-from pipeline.io.output import is_output
-from pipeline.io.plan import read_plan
+from pipeline.storage import fs
+from pipeline.output import generations
+from pipeline.output.checkpoint import CheckpointStore
+from pipeline.output.job_lease import current_job_lease
+from pipeline.output.layout import OutputLayout
+from pipeline.output.layout import is_output
+from pipeline.output.plan import read_plan
 from pipeline.runtime.report import objects_phrase
 
 #: Exit codes of ``mmpipe status``: every planned partition committed (and the rows out
@@ -43,7 +44,7 @@ def output_status(output_uri: str) -> dict[str, Any]:
     ``partitions_failed`` (partition id -> last error), ``partitions_pending``;
     ``rows_by_status``; ``dedup`` (``pipeline.dedup.store.summary``: the newest dedup
     generation and the duplicates of the newest complete one; None if the pass never
-    ran). All of these describe the newest generation (``pipeline.io.generations``: the
+    ran). All of these describe the newest generation (``pipeline.output.generations``: the
     one a running ``--mode overwrite`` job writes); ``generation`` is its number,
     ``generations`` all numbers present, ``readable_generation`` the newest complete one
     (what ``read_output``/``ls``/``export`` read; None if none is complete); ``runs``:

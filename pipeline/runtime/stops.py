@@ -91,7 +91,7 @@ def summary(stop: BaseException) -> str:
 def _late_markers(output_uri: str, partition_ids: list[str]) -> list:
     """The commit markers of ``partition_ids`` that exist (best effort: none if the
     store cannot be read)."""
-    from pipeline.io.checkpoint import CheckpointStore
+    from pipeline.output.checkpoint import CheckpointStore
 
     if not partition_ids:
         return []

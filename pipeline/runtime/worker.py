@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import ray
 
 from pipeline.assembly import assemble
-from pipeline.io import fs
-from pipeline.io.plan import read_partition
+from pipeline.storage import fs
+from pipeline.output.plan import read_partition
 from pipeline.runtime import chaos, job_env, metrics, scratch, threads
 from pipeline.runtime.model_pool import worker_models
 from pipeline.runtime.partition import AttemptOutcome, run_partition

@@ -32,8 +32,13 @@ log = logging.getLogger(__name__)
 
 
 class Step:
-    """A batch-to-batch transform. Subclasses override ``__call__`` (and ``setup``)."""
+    """A batch-to-batch transform. Subclasses override ``__call__`` (and ``setup``).
 
+    ``reads``: the declared columns the step needs (an earlier part, the runner or the
+    datasource must write each: the assembler refuses the pipeline otherwise, naming the
+    step and the column); ``writes``: the declared columns it sets."""
+
+    reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
 
     def settings(self) -> dict[str, Any]:

@@ -115,6 +115,7 @@ class CaptionStep(Step):
     """Fills ``caption``, ``captions`` and ``caption_flags`` from ``_raw_caption`` for
     every row (``normalize_captions``)."""
 
+    reads = (RAW_CAPTION,)
     writes = (CAPTION, CAPTIONS, CAPTION_FLAGS)
 
     def __init__(self, spec: CaptionSpec):

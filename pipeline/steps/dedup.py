@@ -25,6 +25,7 @@ from pipeline.steps.base import Filter
 class DedupStep(Filter):
     """Stateful per partition: call ``start_partition`` before each partition."""
 
+    reads = (KEY, SHA256, PHASH)
     writes = (REJECT_REASON, DUPLICATE_OF, DUPLICATE_HAMMING)
 
     def __init__(self, spec: DedupSpec):

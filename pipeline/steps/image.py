@@ -7,11 +7,7 @@ and are dropped by ``ResizeStep`` once the output ``image`` bytes are made.
 from __future__ import annotations
 
 import hashlib
-import io
 
-import imagehash
-import numpy as np
-from PIL import Image
 
 from pipeline.columns import (DECODE_FLAGS, DEVICE_INPUT, FORMAT, HAS_ALPHA, HEIGHT, IMAGE,
                               IMAGE_HEIGHT, IMAGE_WIDTH, IS_ANIMATED, MIME, N_FRAMES, PHASH,
@@ -19,15 +15,16 @@ from pipeline.columns import (DECODE_FLAGS, DEVICE_INPUT, FORMAT, HAS_ALPHA, HEI
 from pipeline.records import RejectReason
 from pipeline.spec import DecodeSpec, FilterSpec, ResizeSpec
 from pipeline.steps.base import Filter, RowStep, Step
-from pipeline.steps.decode import decode_image, decoded_size
-from pipeline.steps.device_media import PHASH_DRAFT_PX, JpegInput, device_input
+from pipeline.media.decode import decode_image, decoded_size
+from pipeline.media.device import PHASH_DRAFT_PX, JpegInput, device_input
+from pipeline.media.transform import encode, phash64, resize_pixels
 
 
 class DecodeStep(RowStep):
     """``_source_bytes`` -> ``_pixels`` and image metadata (see ``decode_image``).
 
     ``decode_flags`` is a list of str on every decoded row (``[]`` for ordinary images;
-    ``float_scaled``, ``minmax_scaled``, ``nonfinite_samples``: see ``steps/decode.py``)
+    ``float_scaled``, ``minmax_scaled``, ``nonfinite_samples``: see ``media/decode.py``)
     and None on error rows, like the other columns this step writes.
 
     With ``decode.device: cuda`` it also writes ``_device_input``: the
@@ -36,6 +33,7 @@ class DecodeStep(RowStep):
     (str) the row is decoded here as usual.
     """
 
+    reads = (SOURCE_BYTES,)
     writes = (PIXELS, WIDTH, HEIGHT, MIME, FORMAT, N_FRAMES, IS_ANIMATED, HAS_ALPHA,
               DECODE_FLAGS)
 
@@ -88,6 +86,8 @@ class FilterStep(Filter):
     ``reject_reason``; never drops a row.
     """
 
+    reads = (WIDTH, HEIGHT)
+
     def __init__(self, spec: FilterSpec):
         super().__init__()
         self.spec = spec
@@ -114,6 +114,7 @@ class HashStep(Step):
     job's by a few bits.)
     """
 
+    reads = (SOURCE_BYTES,)
     writes = (SHA256, PHASH)
 
     def __call__(self, batch: Batch) -> Batch:
@@ -124,55 +125,13 @@ class HashStep(Step):
         return batch
 
 
-def phash64(pixels: np.ndarray) -> int:
-    """64-bit perceptual hash of an (H, W, 3) uint8 image as a signed int64 value: the 64
-    bits of ``imagehash.phash`` (most significant first, as its hex string) read as two's
-    complement, i.e. ``np.uint64(u).view(np.int64)`` of the unsigned value ``u`` (Parquet
-    readers such as Spark and BigQuery have no uint64). The unsigned value is
-    ``np.int64(h).view(np.uint64)`` (or ``h & (2**64 - 1)``); Hamming distances are those
-    of the unsigned values (``((a ^ b) & (2**64 - 1)).bit_count()``)."""
-    bits = imagehash.phash(Image.fromarray(pixels)).hash.flatten()
-    return int(np.packbits(bits).view(">i8")[0])
-
-
-def target_size(w: int, h: int, spec: ResizeSpec) -> tuple[int, int]:
-    """Output size (before any centre crop) for a w x h image under ``spec``, in pixels."""
-    if spec.mode == "none":
-        return w, h
-    ref = max(w, h) if spec.mode == "longest_side" else min(w, h)
-    scale = spec.size_px / ref
-    if scale >= 1 and not spec.upscale:
-        return w, h
-    return max(1, round(w * scale)), max(1, round(h * scale))
-
-
-def resize_pixels(pixels: np.ndarray, spec: ResizeSpec) -> Image.Image:
-    """Resize (H, W, 3) uint8 pixels per ``spec`` (bicubic, Pillow's reducing_gap=2.0)."""
-    img = Image.fromarray(pixels)
-    size = target_size(img.width, img.height, spec)
-    if size != img.size:
-        img = img.resize(size, Image.Resampling.BICUBIC, reducing_gap=2.0)
-    if spec.mode == "center_crop":
-        side = min(img.width, img.height, spec.size_px)
-        left, top = (img.width - side) // 2, (img.height - side) // 2
-        img = img.crop((left, top, left + side, top + side))
-    return img
-
-
-def encode(img: Image.Image, spec: ResizeSpec) -> bytes:
-    """``img`` encoded as ``spec.encode_format`` (JPEG or WebP) at ``spec.quality``."""
-    buf = io.BytesIO()
-    img.save(buf, format="JPEG" if spec.encode_format == "jpeg" else "WEBP",
-             quality=spec.quality)
-    return buf.getvalue()
-
-
 class ResizeStep(RowStep):
     """``_pixels`` -> ``image`` (JPEG/WebP bytes), ``image_width``, ``image_height``.
 
     Rows whose ``_device_input`` is a ``JpegInput`` are left to the image-embedding model
     actor, which returns their image (``device_media.MEDIA_IMAGES``)."""
 
+    reads = (PIXELS,)
     writes = (IMAGE, IMAGE_WIDTH, IMAGE_HEIGHT)
 
     def __init__(self, spec: ResizeSpec):

@@ -40,10 +40,10 @@ from pipeline.errors import ModelLoadError
 from pipeline.records import RowError, Status
 from pipeline.spec import SERVING_FIELDS
 from pipeline.steps.base import Step, mark_error
-from pipeline.steps.device_media import MEDIA_ERRORS, MEDIA_IMAGES
+from pipeline.media.device import MEDIA_ERRORS, MEDIA_IMAGES
 
 if TYPE_CHECKING:  # steps do not import models at run time (import direction)
-    from pipeline.models.base import ModelInfo
+    from pipeline.contracts import ModelInfo
 
 
 def section_writes(section: str, section_spec: Any, video: bool) -> tuple[str, ...]:
@@ -87,6 +87,15 @@ class ModelStep(Step):
     @property
     def name(self) -> str:
         return f"ModelStep[{self.section}]"
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """``caption`` if the bound model takes text, its geometry's input column if it
+        takes images (written by ``ModelInputStep``); nothing before ``bind``."""
+        if self.info is None:
+            return ()
+        return ((CAPTION,) if self.info.text is not None else ()) + (
+            (self.info.image.column,) if self.info.image is not None else ())
 
     def settings(self) -> dict[str, Any]:
         return self.section_spec.model_dump(mode="json", exclude=set(SERVING_FIELDS))

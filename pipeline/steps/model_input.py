@@ -6,7 +6,7 @@ centre-cropped) like the model's own image processor does, in an internal column
 by ``ImageGeometry.column``. The worker stacks these into (n, H, W, 3) uint8 batches; the
 model actor rescales and normalises them on its device. Nothing is decoded twice. With
 ``decode.device: cuda`` the image-embedding input of a JPEG the model actor can decode is
-that JPEG instead (``steps/device_media.py``), chosen by ``DecodeStep``.
+that JPEG instead (``media/device.py``), chosen by ``DecodeStep``.
 
 ``ScoreFilterStep`` is the LAION filter: rows whose ``clip_score`` is below
 ``min_clip_score`` get ``status="rejected"``, ``reject_reason="low_clip_score"``; their
@@ -20,43 +20,16 @@ import math
 from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image
 
 from pipeline.columns import (CLIP_SCORE, DEVICE_INPUT, FRAMES, IMAGE, IMAGE_HEIGHT,
                               IMAGE_WIDTH, PIXELS)
 from pipeline.records import RejectReason
 from pipeline.steps.base import Filter, RowStep
-from pipeline.steps.device_media import HostDecoded, JpegInput
+from pipeline.media.device import HostDecoded, JpegInput
+from pipeline.media.geometry import model_input
 
 if TYPE_CHECKING:  # steps do not import models at run time (import direction)
-    from pipeline.models.base import ImageGeometry
-
-
-def model_input(pixels: np.ndarray, geometry: "ImageGeometry") -> np.ndarray:
-    """(H, W, 3) uint8 -> the model's (height_px, width_px, 3) uint8 input.
-
-    ``center_crop``: shorter side to ``shortest_edge_px`` (aspect kept), then a centre crop;
-    ``squash``: straight to height x width. Resampling filter: ``geometry.resample``.
-    """
-    img = Image.fromarray(pixels)
-    if geometry.mode == "center_crop":
-        size = resized_size(img.width, img.height, geometry)
-        if size != img.size:
-            img = img.resize(size, geometry.resample)
-        left = (img.width - geometry.width_px) // 2
-        top = (img.height - geometry.height_px) // 2
-        img = img.crop((left, top, left + geometry.width_px, top + geometry.height_px))
-    elif img.size != (geometry.width_px, geometry.height_px):
-        img = img.resize((geometry.width_px, geometry.height_px), geometry.resample)
-    return np.asarray(img, dtype=np.uint8)
-
-
-def resized_size(w: int, h: int, geometry: "ImageGeometry") -> tuple[int, int]:
-    """(width, height) in pixels a w x h image is resized to before the centre crop of a
-    ``center_crop`` geometry: the shorter side to ``shortest_edge_px``, the longer one
-    truncated, as Hugging Face image processors (and torchvision) do."""
-    edge = geometry.shortest_edge_px
-    return (edge, max(1, int(edge * h / w))) if w <= h else (max(1, int(edge * w / h)), edge)
+    from pipeline.contracts import ImageGeometry
 
 
 class ModelInputStep(RowStep):
@@ -90,6 +63,8 @@ class ScoreFilterStep(Filter):
     """Rejects ``ok`` rows with ``clip_score < min_clip_score`` (``low_clip_score``)."""
 
     dropped = (IMAGE, IMAGE_WIDTH, IMAGE_HEIGHT)
+
+    reads = (CLIP_SCORE,)
 
     def __init__(self, min_clip_score: float):
         super().__init__()

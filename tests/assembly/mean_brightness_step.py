@@ -16,6 +16,7 @@ MEAN_BRIGHTNESS = declare("mean_brightness", pa.float32(),
 class MeanBrightnessStep(RowStep):
     """``_pixels`` (H, W, 3) uint8 -> ``mean_brightness`` float32, rounded to ``digits``."""
 
+    reads = (PIXELS,)
     writes = (MEAN_BRIGHTNESS,)
 
     def __init__(self, digits: int = 2):

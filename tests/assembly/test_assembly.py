@@ -11,15 +11,16 @@ import pytest
 from pipeline import assembly
 from pipeline.assembly import assemble, fingerprint
 from pipeline.errors import AssemblyError
-from pipeline.io import plan as planning
-from pipeline.io.checkpoint import CheckpointStore, read_committed
-from pipeline.io.source_uri import local_path
+from pipeline.output import plan as planning
+from pipeline.output.checkpoint import CheckpointStore
+from pipeline.read import read_committed
+from pipeline.input.source_uri import local_path
 from pipeline.runtime.preflight import foreign_output_message
 from pipeline.records import Partition
 from pipeline.runtime.partition import AttemptOutcome, run_partition
 from pipeline.spec import JobSpec, load_spec
 from pipeline.steps.base import RowStep
-from pipeline.steps.decode import decode_image
+from pipeline.media.decode import decode_image
 from tests.assembly.mean_brightness_step import MeanBrightnessStep
 from tests.conftest import PHOTOS, REPO
 

@@ -38,7 +38,7 @@ def slow_partitions() -> None:
 def main(out: str, result_path: str) -> None:
     import ray
 
-    from pipeline.io.checkpoint import CheckpointStore
+    from pipeline.output.checkpoint import CheckpointStore
     from pipeline.runtime.driver import run_job
     from pipeline.spec import load_spec
     from tests.chaos.multinode_scenario import start_cluster

@@ -18,7 +18,7 @@ from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
 from pipeline.testing.seaweedfs import free_port
-from pipeline.io.checkpoint import CheckpointStore
+from pipeline.output.checkpoint import CheckpointStore
 from pipeline.runtime.driver import run_job
 from pipeline.spec import load_spec
 

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from pipeline.io.checkpoint import CheckpointStore
+from pipeline.output.checkpoint import CheckpointStore
 from tests.conftest import REPO
 from tests.e2e.jobs import check_accounting, clean_ray_env, markers
 

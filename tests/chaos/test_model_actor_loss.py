@@ -9,7 +9,7 @@ import time
 import numpy as np
 import ray
 
-from pipeline.io.checkpoint import CheckpointStore
+from pipeline.output.checkpoint import CheckpointStore
 from pipeline.runtime.driver import run_job
 from pipeline.runtime.metrics import job_namespace
 from pipeline.spec import load_spec

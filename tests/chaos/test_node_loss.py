@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from pipeline.io.checkpoint import CheckpointStore
+from pipeline.output.checkpoint import CheckpointStore
 from tests.conftest import REPO
 from tests.e2e.jobs import PARTITIONS, assert_same_output, clean_ray_env
 

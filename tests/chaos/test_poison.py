@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from pipeline.io.checkpoint import CheckpointStore
+from pipeline.output.checkpoint import CheckpointStore
 from tests.e2e.jobs import PARTITIONS, markers, mmpipe_run
 
 

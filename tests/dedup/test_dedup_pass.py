@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from pipeline.dedup.groups import PAIRS_SCHEMA
 from pipeline.dedup.store import DedupStore, latest_duplicates
-from pipeline.io.output import read_output
+from pipeline.read import read_output
 from tests.conftest import REPO
 from tests.dedup.copies import PHOTOS, byte_copies, near_copies, stem
 from tests.e2e.jobs import clean_ray_env

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipeline.io import fs
-from pipeline.io.checkpoint import CheckpointStore, read_committed
+from pipeline.storage import fs
+from pipeline.output.checkpoint import CheckpointStore
+from pipeline.read import read_committed
 from tests.conftest import REPO
 
 PARTITIONS = 19  # 57 photos / partition_size 3

@@ -9,7 +9,7 @@ import json
 import tarfile
 from pathlib import Path
 
-from pipeline.io.checkpoint import CheckpointStore
+from pipeline.output.checkpoint import CheckpointStore
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec
 from tests.conftest import CASES

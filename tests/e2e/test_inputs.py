@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import webdataset as wds
 
-from pipeline.io.checkpoint import CheckpointStore
+from pipeline.output.checkpoint import CheckpointStore
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec
 from tests.conftest import CASES, DATA, PHOTOS, coco_captions

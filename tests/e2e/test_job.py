@@ -15,10 +15,11 @@ import yaml
 import pipeline
 from pipeline import cli
 from pipeline.errors import PlanError
-from pipeline.io import plan as planning
-from pipeline.io.checkpoint import CheckpointStore, committed_files, read_committed
-from pipeline.io.generations import read_root
-from pipeline.io.sources import make_datasource
+from pipeline.output import plan as planning
+from pipeline.output.checkpoint import CheckpointStore
+from pipeline.read import committed_files, read_committed
+from pipeline.output.generations import read_root
+from pipeline.input import make_datasource
 from pipeline.runtime import local_ray
 from pipeline.runtime.driver import run_job
 from pipeline.runtime.preflight import preflight

@@ -14,9 +14,11 @@ import pytest
 
 from pipeline import cli
 from pipeline.errors import PlanError
-from pipeline.io import fs, gc, generations, job_lease, lease
-from pipeline.io.checkpoint import CheckpointStore, committed_files
-from pipeline.io.output import read_output
+from pipeline.storage import fs
+from pipeline.output import gc, generations, job_lease, lease
+from pipeline.output.checkpoint import CheckpointStore
+from pipeline.read import committed_files
+from pipeline.read import read_output
 from pipeline.runtime.driver import run_job
 from pipeline.runtime.preflight import preflight
 from tests.e2e.jobs import check_accounting

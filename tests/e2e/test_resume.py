@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io import fs
+from pipeline.storage import fs
 from pipeline.runtime.local_ray import session_processes
 from tests.conftest import PHOTOS, coco_captions, upload_dir
 from tests.e2e.jobs import (PARTITIONS, assert_same_output, finish, markers, mmpipe_run,

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from pipeline.io.checkpoint import CheckpointStore
+from pipeline.output.checkpoint import CheckpointStore
 from pipeline.runtime.status import output_status
 from tests.conftest import REPO
 from tests.deploy.local_head import start_head
@@ -74,7 +74,7 @@ def test_two_runs_of_one_spec_share_a_cluster_with_a_wrong_s3_endpoint_in_its_en
     assert done[0]["run_id"] != done[1]["run_id"]
     for d in done:
         assert d["complete"] and d["rows_out"] == 57 and d["job"] == "shared"
-    from pipeline.io import fs
+    from pipeline.storage import fs
 
     for key, value in s3_server.env().items():   # credentials; the endpoint from here
         monkeypatch.setenv(key, value)

@@ -13,7 +13,7 @@ import torch
 from pipeline.models.registry import load_backend
 from pipeline.models.torch_util import to_device_uint8
 from pipeline.columns import CLIP_SCORE, GENERATED_CAPTION, IMAGE_EMBEDDING
-from pipeline.steps.model_input import model_input
+from pipeline.media.geometry import model_input
 from tests.conftest import coco_captions
 from tests.models.conftest import photo_pixels, section_spec
 

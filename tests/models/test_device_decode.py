@@ -25,17 +25,16 @@ import torch
 from PIL import Image
 
 from pipeline.columns import IMAGE_EMBEDDING
-from pipeline.io.checkpoint import read_committed
-from pipeline.models.base import ImageGeometry
+from pipeline.read import read_committed
+from pipeline.contracts import ImageGeometry
 from pipeline.models.media import MediaDecoder, fit, orient
 from pipeline.models.registry import load_backend
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec, ResizeSpec
-from pipeline.steps.decode import _TRANSPOSE, decode_image
-from pipeline.steps.device_media import (MEDIA_ERRORS, MEDIA_IMAGES, HostDecoded, JpegInput,
-                                         device_input)
-from pipeline.steps.image import encode, phash64, resize_pixels
-from pipeline.steps.model_input import model_input
+from pipeline.media.decode import _TRANSPOSE, decode_image
+from pipeline.media.device import MEDIA_ERRORS, MEDIA_IMAGES, HostDecoded, JpegInput, device_input
+from pipeline.media.transform import encode, phash64, resize_pixels
+from pipeline.media.geometry import model_input
 from tests.conftest import CASES, PHOTOS, coco_captions
 from tests.e2e.jobs import check_accounting
 from tests.models.conftest import section_spec

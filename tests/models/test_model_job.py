@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.io.checkpoint import read_committed
+from pipeline.read import read_committed
 from pipeline.models.registry import load_backend
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec
-from pipeline.steps.decode import decode_image
-from pipeline.steps.model_input import model_input
+from pipeline.media.decode import decode_image
+from pipeline.media.geometry import model_input
 from tests.conftest import PHOTOS, REPO, coco_captions
 from tests.e2e.jobs import check_accounting
 from tests.models.conftest import photo_pixels, section_spec

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipeline.assembly import assemble
-from pipeline.io import plan as planning
+from pipeline.output import plan as planning
 from pipeline.runtime.partition import run_partition
 from pipeline.spec import JobSpec
 from pipeline.testing.local_models import LocalModelClient, local_models

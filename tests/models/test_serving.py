@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.models.base import ModelBackend, ModelInfo, OutputField
+from pipeline.models.base import ModelBackend
+from pipeline.contracts import ModelInfo, OutputField
 from pipeline.models.registry import load_backend
 from pipeline.models.serving import BatchServer
 from tests.conftest import coco_captions

@@ -9,12 +9,12 @@ import shutil
 import numpy as np
 import pyarrow as pa
 
-from pipeline.io.checkpoint import read_committed
+from pipeline.read import read_committed
 from pipeline.models.registry import load_backend
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec, VideoSpec
-from pipeline.steps.model_input import model_input
-from pipeline.steps.video import decode_video
+from pipeline.media.geometry import model_input
+from pipeline.media.video import decode_video
 from tests.conftest import CASES, DATA
 from tests.e2e.jobs import check_accounting
 from tests.models.conftest import section_spec

@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from PIL import Image
 
 from pipeline.assembly import assemble
-from pipeline.io import plan as planning
+from pipeline.output import plan as planning
 from pipeline.runtime.budget import cut_batch
 from pipeline.runtime.partition import run_partition
 from pipeline.spec import JobSpec
-from pipeline.steps.decode import decoded_size
+from pipeline.media.decode import decoded_size
 
 W, H = 4000, 3000
 MIB = 2**20

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.io.checkpoint import CheckpointStore
+from pipeline.output.checkpoint import CheckpointStore
 from pipeline.runtime.local_ray import session_processes
 from tests.conftest import REPO
 from tests.e2e.jobs import PARTITIONS, clean_ray_env

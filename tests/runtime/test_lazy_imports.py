@@ -19,7 +19,7 @@ import json, sys
 from concurrent.futures import ThreadPoolExecutor
 import pipeline.runtime.worker  # the PartitionWorker's module and everything it imports
 from pipeline.assembly import assemble
-from pipeline.io import plan as planning
+from pipeline.output import plan as planning
 from pipeline.runtime.partition import run_partition
 from pipeline.spec import JobSpec
 
@@ -39,7 +39,7 @@ print(json.dumps({"rows": out.marker.rows_by_status,
 
 _HEIF = """
 import json, sys
-from pipeline.steps.decode import decode_image
+from pipeline.media.decode import decode_image
 before = "pillow_heif" in sys.modules
 img = decode_image(open(sys.argv[1], "rb").read())
 print(json.dumps({"before": before, "after": "pillow_heif" in sys.modules,

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.io.checkpoint import CommitMarker
+from pipeline.output.checkpoint import CommitMarker
 from pipeline.runtime import metrics
 from pipeline.runtime.partition import AttemptOutcome
 from tests.conftest import PHOTOS, REPO, coco_captions

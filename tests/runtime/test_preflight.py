@@ -17,7 +17,7 @@ import yaml
 
 from pipeline.assembly import assemble
 from pipeline.errors import PlanError
-from pipeline.io import plan as planning
+from pipeline.output import plan as planning
 from pipeline.runtime import preflight
 from pipeline.runtime.partition import run_partition
 from pipeline.spec import JobSpec, load_spec

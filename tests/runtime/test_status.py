@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pipeline import cli
 from pipeline.assembly import assemble
-from pipeline.io import plan as planning
-from pipeline.io.checkpoint import CheckpointStore
+from pipeline.output import plan as planning
+from pipeline.output.checkpoint import CheckpointStore
 from pipeline.runtime.partition import run_partition
 from pipeline.spec import JobSpec
 

@@ -10,10 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import cli
-from pipeline.io import fs, plan as planning, retry
-from pipeline.io.checkpoint import (CheckpointStore, CommitMarker, committed_files,
-                                     unreferenced_files)
-from pipeline.io.sources import make_datasource
+from pipeline.storage import fs, retry
+from pipeline.output import plan as planning
+from pipeline.output.checkpoint import CheckpointStore, CommitMarker
+from pipeline.read import committed_files
+from pipeline.output.gc import unreferenced_files
+from pipeline.input import make_datasource
 from pipeline.assembly import assemble
 from pipeline.runtime.partition import run_partition
 from pipeline.spec import JobSpec
@@ -165,7 +167,7 @@ def test_videos_from_s3_are_staged_one_batch_at_a_time_and_deleted(s3_server, s3
     video.temp_dir for its batch, decoded from there, and deleted when the next batch is
     requested; at most one batch of videos is on disk."""
     from pipeline.columns import SOURCE_PATH
-    from pipeline.steps.video import decode_video
+    from pipeline.media.video import decode_video
 
     client = s3_server.client()
     names = ["chaplin.mp4", "nasa_13013.mp4", "big_buck_bunny_432_433.webm"]

@@ -16,8 +16,8 @@ import urllib.parse
 
 import pytest
 
-from pipeline.io.egress import EgressPolicy, category
-from pipeline.io.http import HttpFetcher
+from pipeline.storage.egress import EgressPolicy, category
+from pipeline.storage.http import HttpFetcher
 from pipeline.spec import DownloadSpec
 from tests.http_server import PHOTOS, FaultHTTPServer
 

@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 import pyarrow as pa
 import pytest
 
-from pipeline.io import plan as planning
-from pipeline.io.confine import InputRoots, read_bounded
-from pipeline.io.sources import make_datasource
+from pipeline.output import plan as planning
+from pipeline.input.confine import InputRoots, read_bounded
+from pipeline.input import make_datasource
 from pipeline.spec import DecodeSpec, SourceSpec
 from tests.conftest import PHOTOS
 
@@ -195,7 +195,7 @@ def test_webdataset_shard_symlink_out_of_the_input(tmp_path):
 
 
 def test_json_sidecar_size_limit_is_one_row_error():
-    from pipeline.io.sources import MAX_JSON_BYTES, split_json_caption
+    from pipeline.input.base import MAX_JSON_BYTES, split_json_caption
 
     with pytest.raises(ValueError, match="JSON limit"):
         split_json_caption(b'{"caption": "' + b"y" * MAX_JSON_BYTES + b'"}', "caption")
@@ -207,7 +207,7 @@ def test_json_sidecar_size_limit_is_one_row_error():
 def test_manifest_line_over_the_limit_is_one_error_row(layout, monkeypatch, fmt):
     """A manifest cell is never read whole past the line limit (a 10 GB line without a
     newline must not fill memory): the line is skipped in pieces, one error row."""
-    from pipeline.io import manifest
+    from pipeline.input import manifest_rows as manifest
 
     monkeypatch.setattr(manifest, "LINE_LIMIT", 1000)
     huge = "c" * 5000
@@ -227,7 +227,7 @@ def test_manifest_line_over_the_limit_is_one_error_row(layout, monkeypatch, fmt)
 def test_video_media_staged_in_place_must_be_regular_files(layout):
     """Video is decoded from a local file in place: a FIFO named like a video would block
     FFmpeg, so it is refused before staging."""
-    from pipeline.io.fetch import Fetcher
+    from pipeline.input.fetch import Fetcher
     from pipeline.spec import DownloadSpec
 
     os.mkfifo(layout / "clip.mp4")
@@ -247,7 +247,7 @@ def test_parquet_manifest_cells_and_row_groups_are_bounded(layout, monkeypatch):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.io import manifest
+    from pipeline.input import manifest_rows as manifest
 
     monkeypatch.setattr(manifest, "LINE_LIMIT", 1000)
     monkeypatch.setattr(manifest, "ROW_GROUP_LIMIT", 20_000)

@@ -12,11 +12,11 @@ import pytest
 
 from pipeline.columns import ERROR, ERROR_REASON, KEY, READ_ERROR, SOURCE_BYTES, STATUS
 from pipeline.errors import RecordError
-from pipeline.io.sinks import QuarantineDatasink
+from pipeline.output.sinks.quarantine import QuarantineDatasink
 from pipeline.records import ErrorReason, RowError
 from pipeline.spec import CaptionSpec, SinkSpec
 from pipeline.steps.caption import normalize_captions
-from pipeline.steps.decode import decode_image
+from pipeline.media.decode import decode_image
 
 SECRET = b"AWS_SECRET_ACCESS_KEY=do-not-leak-4f1c9e\n"
 SCHEMA = pa.schema([(KEY, pa.string()), (STATUS, pa.string()), (ERROR_REASON, pa.string()),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from pipeline.io.confine import InputRoots, read_bounded
+from pipeline.input.confine import InputRoots, read_bounded
 from pipeline.spec import DecodeSpec, SourceSpec
 from tests.conftest import PHOTOS
 from tests.security.test_input_confinement import SECRET, assert_no_secret, read_all, reasons

@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
 
-from pipeline.io.output import read_output
+from pipeline.read import read_output
 from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec
 from tests.conftest import PHOTOS

@@ -1,5 +1,5 @@
 """``decode.device: cuda`` on the worker side: the spec rules, which rows are sent encoded
-(``steps/device_media.py``), the model-input step, and a row the model could not decode
+(``media/device.py``), the model-input step, and a row the model could not decode
 becoming an error row (``ModelStep.apply``). No torch, no Ray."""
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from pipeline.assembly import fingerprint
 from pipeline.columns import (DEVICE_INPUT, HEIGHT, IMAGE, IMAGE_EMBEDDING, IMAGE_HEIGHT,
                               IMAGE_WIDTH, PHASH, PIXELS, SOURCE_BYTES, STATUS, WIDTH)
 from pipeline.errors import SpecError
-from pipeline.models.base import ImageGeometry, ModelInfo, OutputField
+from pipeline.contracts import ImageGeometry, ModelInfo, OutputField
 from pipeline.spec import DecodeSpec, ResizeSpec, parse_spec
-from pipeline.steps.decode import decode_image, decoded_size
-from pipeline.steps.device_media import (MEDIA_ERRORS, MEDIA_IMAGES, PHASH_DRAFT_PX, HostDecoded,
-                                         JpegInput, device_input)
-from pipeline.steps.image import DecodeStep, HashStep, ResizeStep, phash64
+from pipeline.media.decode import decode_image, decoded_size
+from pipeline.media.device import (MEDIA_ERRORS, MEDIA_IMAGES, PHASH_DRAFT_PX, HostDecoded, JpegInput, device_input)
+from pipeline.steps.image import DecodeStep, HashStep, ResizeStep
+from pipeline.media.transform import phash64
 from pipeline.steps.model import ModelStep
-from pipeline.steps.model_input import ModelInputStep, model_input
+from pipeline.steps.model_input import ModelInputStep
+from pipeline.media.geometry import model_input
 from tests.conftest import CASES, PHOTOS
 
 CLIP_GEOMETRY = ImageGeometry("center_crop", 224, 224, 224, 3)

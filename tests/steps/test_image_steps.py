@@ -11,9 +11,9 @@ from PIL import Image
 from pipeline.columns import SOURCE_BYTES, STATUS
 from pipeline.spec import DecodeSpec, DedupSpec, FilterSpec, ResizeSpec
 from pipeline.steps.dedup import DedupStep
-from pipeline.steps.decode import decode_image
-from pipeline.steps.image import (DecodeStep, FilterStep, HashStep, ResizeStep, phash64,
-                                  resize_pixels, target_size)
+from pipeline.media.decode import decode_image
+from pipeline.steps.image import DecodeStep, FilterStep, HashStep, ResizeStep
+from pipeline.media.transform import phash64, resize_pixels, target_size
 from tests.conftest import PHOTOS, coco_captions
 
 ROWS = coco_captions()

@@ -18,7 +18,8 @@ from PIL import Image
 from pipeline.errors import RecordError
 from pipeline.columns import ERROR, ERROR_REASON, STATUS
 from pipeline.spec import ResizeSpec, VideoSpec
-from pipeline.steps.video import VideoDecodeStep, VideoFramesStep, decode_video
+from pipeline.steps.video import VideoDecodeStep, VideoFramesStep
+from pipeline.media.video import decode_video
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 CASES = DATA / "cases"

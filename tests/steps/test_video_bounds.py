@@ -19,7 +19,8 @@ import pytest
 from pipeline.columns import ERROR, ERROR_REASON, STATUS
 from pipeline.errors import RecordError
 from pipeline.spec import VideoSpec
-from pipeline.steps.video import VideoDecodeStep, decode_video, decoded_frames_bytes
+from pipeline.steps.video import VideoDecodeStep
+from pipeline.media.video import decode_video, decoded_frames_bytes
 
 VIDEOS = Path(__file__).resolve().parents[2] / "data" / "videos"
 SIDE = 4096

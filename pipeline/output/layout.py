@@ -1,0 +1,202 @@
+"""``OutputLayout``: every path inside a job's output, owned in one place.
+
+```
+<output>/
+  _plan/plan.parquet, _plan/partitions.parquet     the PartitionPlan (written once)
+  _checkpoints/<pid>.json                          commit markers
+  _failures/<pid>.json                             last error of a failed partition
+  _SUCCESS                                         the JobReport, once complete
+  data/<pid>/a-<attempt>/part-00000.parquet        data rows (every status)
+  quarantine/<pid>/a-<attempt>/part-00000.parquet  error rows with their source bytes
+  wds/<pid>/a-<attempt>/<pid>-000000.tar           WebDataset shards of ok rows
+  _index/<kind>/b-<bucket>/<pid>.a-<attempt>.parquet  dedup hash index (pipeline.dedup.index)
+  _dedup/                                          the dedup pass (pipeline.dedup.store)
+  _leases/<pid>.<attempt>.json                     a running attempt's lease (pipeline.output.lease)
+```
+
+This is the layout of one generation (``pipeline.output.generations``): generation 1 at the
+output root, later ones (``--mode overwrite``) under ``_generations/g-<n>/``. An
+``OutputLayout`` is built on a generation root.
+
+Attempt files live under attempt-unique directories, so attempts never overwrite each
+other; a commit marker names the files (relative to the output root) that are output.
+The datasinks, the checkpoint store, the planner, ``mmpipe status``/``gc``/``ls`` and the
+readers of committed output all take their paths from here: a datasink's directory is
+registered once (``register_attempt_root``, which ``Datasink`` subclasses do by setting
+``directory``), and every list of directories (``root_entries``, ``attempt_of``,
+``attempt_root_names``) is derived from the registry when it is asked, never copied.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+from pipeline.storage import fs
+
+PLAN_DIR = "_plan"
+PLAN_FILE = f"{PLAN_DIR}/plan.parquet"
+PLAN_INDEX_FILE = f"{PLAN_DIR}/partitions.parquet"
+CHECKPOINT_DIR = "_checkpoints"
+FAILURE_DIR = "_failures"
+SUCCESS_FILE = "_SUCCESS"
+ATTEMPT_LEASE_DIR = "_leases"
+DEDUP_DIR = "_dedup"
+#: Where generations after the first live (``pipeline.output.generations``).
+GEN_DIR = "_generations"
+JOB_LEASE_DIR = "_job"
+#: The dedup hash index's attempt root (its files are ``<pid>.a-<attempt>.parquet`` under
+#: ``_index/<kind>/b-<bucket>/``, not under an attempt directory).
+INDEX_DIR = "_index"
+#: Top-level directories of attempt files, by datasink name (filled by
+#: ``register_attempt_root``: the built-in ones below, a new datasink's when its class is
+#: defined).
+ATTEMPT_ROOTS: dict[str, str] = {}
+#: Root entries that are not attempt roots (owned by a generation).
+_FIXED_ENTRIES = (SUCCESS_FILE, CHECKPOINT_DIR, FAILURE_DIR, ATTEMPT_LEASE_DIR, PLAN_DIR,
+                  DEDUP_DIR)
+_DIR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$|^_index$")
+
+
+def register_attempt_root(sink: str, directory: str) -> None:
+    """Register datasink ``sink``'s top-level attempt directory (``data``, ``wds``, ...).
+
+    Idempotent for the same pair. Raises ``ValueError`` for an empty or nested name, a
+    name of a fixed entry (``_checkpoints``, ``_plan``, ...), or a directory or datasink
+    name already registered to another."""
+    if not sink or not _DIR_NAME.match(directory or "") or directory in _FIXED_ENTRIES + (
+            GEN_DIR, JOB_LEASE_DIR):
+        raise ValueError(f"datasink {sink!r}: directory {directory!r} is not a free top-level "
+                         "name of an output")
+    if ATTEMPT_ROOTS.get(sink, directory) != directory:
+        raise ValueError(f"datasink {sink!r} already writes to {ATTEMPT_ROOTS[sink]!r}")
+    owner = next((s for s, d in ATTEMPT_ROOTS.items() if d == directory and s != sink), None)
+    if owner is not None:
+        raise ValueError(f"datasink {sink!r}: directory {directory!r} belongs to {owner!r}")
+    ATTEMPT_ROOTS[sink] = directory
+
+
+#: The built-in datasinks' directories (a new datasink registers its own by setting
+#: ``Datasink.directory``).
+for _sink, _directory in (("parquet", "data"), ("quarantine", "quarantine"),
+                          ("webdataset", "wds"), ("index", INDEX_DIR)):
+    register_attempt_root(_sink, _directory)
+
+
+def attempt_root_names(extra: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The attempt directories: every registered one plus ``extra`` (those a generation
+    record names), sorted."""
+    return sorted(set(ATTEMPT_ROOTS.values()) | set(extra))
+
+
+def root_entries(extra: tuple[str, ...] | list[str] = ()) -> tuple[str, ...]:
+    """What one generation owns at its root (what deleting generation 1 deletes, and
+    nothing else): the fixed entries plus ``attempt_root_names(extra)``."""
+    return _FIXED_ENTRIES + tuple(attempt_root_names(extra))
+
+
+def attempt_of(rel: str, extra: tuple[str, ...] | list[str] = ()) -> tuple[str, str] | None:
+    """``(partition id, attempt id)`` of an attempt file (path relative to its generation
+    root): ``<root>/<pid>/a-<attempt>/...`` for an attempt root of ``attempt_root_names
+    (extra)``, or ``_index/.../<pid>.a-<attempt>.parquet``; None for a name no attempt
+    writes."""
+    top, _, rest = rel.partition("/")
+    if top == INDEX_DIR:
+        m = re.match(r"^.+/([^/.]+)\.a-([^/.]+)\.parquet$", rest)
+    elif top in attempt_root_names(extra):
+        m = re.match(r"^([^/]+)/a-([^/]+)/", rest)
+    else:
+        return None
+    return (m.group(1), m.group(2)) if m else None
+
+
+def is_output(output_uri: str) -> bool:
+    """True if ``output_uri`` (local path or ``s3://``) holds an mmpipe output: a file
+    under ``_plan/`` or ``_checkpoints/``, or a generation (``_generations/``). Raises
+    ``StorageError`` if the store fails."""
+    layout = OutputLayout(output_uri)
+    return any(next(iter(fs.list_files(layout.uri(top))), None) is not None
+               for top in (PLAN_DIR, CHECKPOINT_DIR, GEN_DIR))
+
+
+class OutputLayout:
+    """Paths of one output root (a local path or ``s3://bucket/prefix``).
+
+    Relative paths (``rel_*``) are what commit markers store; ``uri(rel)`` makes them
+    absolute. The root is normalised (a relative local path becomes absolute), so paths
+    compare equal to those a listing returns.
+    """
+
+    def __init__(self, root: str):
+        self.root = fs.normalize(root)
+
+    def uri(self, rel: str) -> str:
+        """Absolute URI of a path relative to the root."""
+        return fs.join(self.root, rel)
+
+    # --- plan, markers, failures, success ---------------------------------------------
+    @property
+    def plan(self) -> str:
+        return self.uri(PLAN_FILE)
+
+    @property
+    def plan_index(self) -> str:
+        return self.uri(PLAN_INDEX_FILE)
+
+    @property
+    def checkpoints(self) -> str:
+        return self.uri(CHECKPOINT_DIR)
+
+    def marker(self, partition_id: str) -> str:
+        return self.uri(f"{CHECKPOINT_DIR}/{partition_id}.json")
+
+    @property
+    def failures(self) -> str:
+        return self.uri(FAILURE_DIR)
+
+    def failure(self, partition_id: str) -> str:
+        return self.uri(f"{FAILURE_DIR}/{partition_id}.json")
+
+    @property
+    def success(self) -> str:
+        return self.uri(SUCCESS_FILE)
+
+    @staticmethod
+    def partition_of_json(uri: str) -> str | None:
+        """``p-000042`` for ``.../_checkpoints/p-000042.json``; None for anything else
+        (a temporary file of an exclusive create, a stray name)."""
+        name = posixpath.basename(uri)
+        if not name.endswith(".json") or ".tmp-" in name:
+            return None
+        return name[:-len(".json")]
+
+    # --- attempt files ----------------------------------------------------------------
+    @staticmethod
+    def rel_attempt_dir(sink: str, partition_id: str, attempt_id: str) -> str:
+        """``data/<pid>/a-<attempt>`` (``sink``: a key of ``ATTEMPT_ROOTS``). Raises
+        ``KeyError`` naming the datasink if it registered no directory."""
+        if sink not in ATTEMPT_ROOTS:
+            raise KeyError(f"datasink {sink!r} has no attempt directory: set its `directory` "
+                           f"(registered: {sorted(ATTEMPT_ROOTS)})")
+        return f"{ATTEMPT_ROOTS[sink]}/{partition_id}/a-{attempt_id}"
+
+    @classmethod
+    def rel_parquet(cls, sink: str, partition_id: str, attempt_id: str, index: int = 0) -> str:
+        """``data/<pid>/a-<attempt>/part-00000.parquet`` (or under ``quarantine/``)."""
+        return f"{cls.rel_attempt_dir(sink, partition_id, attempt_id)}/part-{index:05d}.parquet"
+
+    @classmethod
+    def rel_shard(cls, partition_id: str, attempt_id: str, index: int) -> str:
+        """``wds/<pid>/a-<attempt>/<pid>-000000.tar``."""
+        return (f"{cls.rel_attempt_dir('webdataset', partition_id, attempt_id)}/"
+                f"{partition_id}-{index:06d}.tar")
+
+    @staticmethod
+    def is_data_file(rel: str) -> bool:
+        """True for a Parquet data file (what readers of the output read)."""
+        return rel.startswith(ATTEMPT_ROOTS.get("parquet", "data") + "/")
+
+    def attempt_roots(self, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
+        """URIs of the directories holding attempt files (what ``gc`` lists):
+        ``attempt_root_names(extra)``."""
+        return [self.uri(top) for top in attempt_root_names(extra)]
