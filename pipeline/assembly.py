@@ -164,13 +164,15 @@ class Pipeline:
 
 def _cpu_steps(spec: JobSpec, geometries: list) -> list[Step]:
     """Images: caption, decode, filter, hash, dedup, model inputs (if a model takes images),
-    resize. Video: caption, video decode (sha256 of the file, pHash of the middle frame),
-    filter, dedup, model inputs (an (F, h, w, 3) stack per record), frame encoding."""
+    resize. Video: caption, video decode (sha256 of the file, pHash of a mosaic of frames,
+    frames within runtime.max_batch_bytes), filter, dedup, model inputs (an (F, h, w, 3)
+    stack per record), frame encoding."""
     takes_images = spec.image_embedding.enabled or spec.captioning.enabled
     added = [s for s in (factory(spec) for factory in STEP_FACTORIES) if s is not None]
     inputs = [ModelInputStep(geometries)] if takes_images else []
     if spec.source.media == "video":
-        return ([CaptionStep(spec.captions), VideoDecodeStep(spec.video),
+        return ([CaptionStep(spec.captions),
+                 VideoDecodeStep(spec.video, spec.runtime.max_batch_bytes),
                  FilterStep(spec.filters), DedupStep(spec.dedup)] + added + inputs
                 + [VideoFramesStep(spec.resize)])
     # JPEG draft decoding keeps the pixels large enough for every consumer

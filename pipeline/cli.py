@@ -4,7 +4,10 @@ logs | stop``.
 Exit codes: 0 success; 1 the job ran but some partition failed (named in the report);
 2 a bad job spec or unusable input/output, reported before anything runs (``mmpipe run``
 checks the input, the output and the models before Ray starts: ``runtime/preflight.py``);
-``mmpipe status``: 0 complete, 1 a partition failed, 2 not an output, 3 partitions pending.
+3 the run stopped on a runtime failure, not on the spec: storage kept failing past
+``storage.outage_s`` (``EXIT_RUNTIME``; the message names the request; run it again to
+resume); ``mmpipe status``: 0 complete, 1 a partition failed, 2 not an output, 3 partitions
+pending, 4 a file it needs is damaged.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from pipeline.errors import MmpipeError, SpecError
 from pipeline.spec import load_spec
 
 log = logging.getLogger("pipeline")
+
+EXIT_RUNTIME = 3  # a runtime failure (storage out past storage.outage_s): see the docstring
 
 
 def _spec_args(p: argparse.ArgumentParser) -> None:
@@ -60,11 +65,11 @@ def cmd_run(args) -> int:
     checked = preflight(spec)  # input, output and models checked before Ray starts (exit 2)
     from pipeline.runtime import local_ray, stops
 
-    local_ray.quiet_env()  # before Ray is imported: it reads some settings then
-    from pipeline.runtime.driver import run_job  # heavy (ray): only for commands that need it
-
     # no address: a Ray of our own ("local"), never a `ray start` cluster joined unasked
     address = args.address or os.environ.get("RAY_ADDRESS") or "local"
+    # before Ray is imported: it reads some settings then (a local Ray: loopback only)
+    local_ray.quiet_env(local=address == "local")
+    from pipeline.runtime.driver import run_job  # heavy (ray): only for commands that need it
     session = report = dedup = None
     try:
         if checked.nothing_to_run and not _dedup_pending(spec):  # all done: no Ray
@@ -77,7 +82,9 @@ def cmd_run(args) -> int:
                 if report.complete and spec.dedup.dataset.enabled:  # the dedup pass follows
                     from pipeline.runtime.dedup_pass import run_dedup
 
-                    dedup = run_dedup(spec.sink.uri, spec.dedup.dataset, spec.storage)
+                    dedup = run_dedup(spec.sink.uri, spec.dedup.dataset, spec.storage,
+                                      lease_s=spec.runtime.lease_s,
+                                      lease_renew_s=spec.runtime.lease_renew_s)
             finally:
                 local_ray.shutdown(session)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line, no traceback, 130/143
@@ -125,14 +132,15 @@ def cmd_dedup(args) -> int:
                         "dedup.dataset.enabled", False)
     if args.workers:
         dataset = dataset.model_copy(update={"workers": args.workers})
-    local_ray.quiet_env()
-    from pipeline.runtime.dedup_pass import run_dedup
-
     address = args.address or os.environ.get("RAY_ADDRESS") or "local"
+    local_ray.quiet_env(local=address == "local")
+    from pipeline.runtime.dedup_pass import run_dedup
     session = local_ray.start(address, verbose=args.verbose)
     try:
         with stops.on_signals():
-            report = run_dedup(args.output, dataset, spec.storage)
+            report = run_dedup(args.output, dataset, spec.storage,
+                               lease_s=spec.runtime.lease_s,
+                               lease_renew_s=spec.runtime.lease_renew_s)
     except KeyboardInterrupt:
         local_ray.shutdown(session)
         print("dedup stopped; run `mmpipe dedup` again to resume", file=sys.stderr)
@@ -156,9 +164,13 @@ def cmd_export(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     fsys, path = fs.resolve(args.dest)
+    if fs.is_local(args.dest):   # owner-only like the output (storage.local_permissions)
+        fs.make_dirs(path)
     ds.write_dataset(view, path, filesystem=fsys, format="parquet",
                      basename_template="part-{i}.parquet",
                      existing_data_behavior="error")
+    if fs.is_local(args.dest):
+        fs.restrict_local_tree(path)
     print(f"{view.count_rows()} rows written to {args.dest}")
     return 0
 
@@ -175,7 +187,15 @@ def _print_report(report, args) -> int:
 def cmd_status(args) -> int:
     from pipeline.runtime import status
 
-    state = status.output_status(args.output)   # NotAnOutput: exit 2
+    try:
+        state = status.output_status(args.output)
+    except status.NotAnOutput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return status.EXIT_NOT_AN_OUTPUT
+    except (MmpipeError, OSError, ValueError) as e:  # a damaged marker, plan, record...
+        print(f"error: {args.output}: cannot read its status: {type(e).__name__}: "
+              f"{str(e)[:1000]}", file=sys.stderr)
+        return status.EXIT_UNREADABLE
     print(json.dumps(state, indent=1) if args.json else status.format_status(state))
     return status.exit_code(state)
 
@@ -183,6 +203,7 @@ def cmd_status(args) -> int:
 def cmd_gc(args) -> int:
     """Delete the files no commit marker names, by liveness (``pipeline.output.gc``); exit 2
     (nothing deleted) if OUTPUT is not an mmpipe output."""
+    from pipeline.dedup.store import stale_leases as dedup_stale_leases
     from pipeline.dedup.store import unreferenced as dedup_unreferenced
     from pipeline.storage import fs
     from pipeline.output import gc, generations
@@ -192,11 +213,13 @@ def cmd_gc(args) -> int:
     old_roots = {g.root for g in found.old_generations}
     roots = [g.root for g in generations.list_generations(args.output)
              if g.root not in old_roots] or [fs.normalize(args.output)]
-    for root in roots:   # the dedup pass's files (it holds no lease: by age)
-        old, new = dedup_unreferenced(root, DEDUP_MIN_AGE_S if args.min_age_s is None
-                                      else args.min_age_s)
-        found.garbage += old
-        found.young += new
+    clock = gc.storage_clock(args.output)
+    for root in roots:   # the dedup pass's files: by its task leases, like attempt files
+        garbage, live, young = dedup_unreferenced(root, min_age_s, args.lease_margin_s, clock)
+        found.garbage += garbage
+        found.live += live
+        found.young += young
+        found.stale_leases += dedup_stale_leases(root, args.lease_margin_s, clock)
     verb = "would delete" if args.dry_run else "delete"
     for uri in found.garbage:
         print(f"{verb} {uri}")
@@ -209,12 +232,8 @@ def cmd_gc(args) -> int:
         print(f"{len(found.live)} unreferenced files of running attempts kept (their lease "
               f"is live or expired less than {args.lease_margin_s:g} s ago)")
     if found.young:
-        print(f"{len(found.young)} unreferenced files kept by age (younger than --min-age-s; "
-              f"_dedup/ files: {DEDUP_MIN_AGE_S:g} s by default, the dedup pass holds no lease)")
+        print(f"{len(found.young)} unreferenced files kept by age (younger than --min-age-s)")
     return 0
-
-
-DEDUP_MIN_AGE_S = 3600.0
 
 
 def cmd_ls(args) -> int:
@@ -276,7 +295,8 @@ def cmd_submit(args) -> int:
     sub = submit.submit(args.spec, run_argv, address=args.address, working_dir=args.working_dir,
                         installed=args.installed, env=env, job_name=spec.name,
                         submission_id=args.submission_id, output_uri=spec.sink.uri,
-                        metadata={"mmpipe_job": spec.name, "fingerprint": fingerprint(spec)})
+                        metadata={"mmpipe_job": spec.name, "fingerprint": fingerprint(spec)},
+                        exclude=args.exclude, out=sys.stdout)   # prints what it uploads
     print(f"submitted {sub.submission_id}")
     if env:
         print(f"  env:       {submit.job_env.describe(env)}")
@@ -318,7 +338,8 @@ def cmd_stop(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmpipe", description="mmpipe: multimodal ETL on Ray (images, videos, captions -> "
-        "Parquet/WebDataset). Exit codes: 0 ok, 1 a partition failed, 2 bad spec or input/output.")
+        "Parquet/WebDataset). Exit codes: 0 ok, 1 a partition failed, 2 bad spec or input/output, "
+        "3 stopped on a runtime failure (storage out past storage.outage_s).")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"mmpipe {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -342,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("status", help="job, fingerprint, committed/failed/pending partitions "
                        "of an output, from its plan and markers; exit 0 complete, 1 a partition "
-                       "failed, 2 not an mmpipe output, 3 partitions pending")
+                       "failed, 2 not an mmpipe output, 3 partitions pending, 4 a file it needs is "
+                       "damaged (named)")
     p.add_argument("output", help="output location (sink.uri)")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.set_defaults(func=cmd_status)
@@ -356,8 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "many seconds ago (covers clock skew; default 60)")
     p.add_argument("--min-age-s", type=float, default=None,
                    help="also keep unreferenced files modified less than this many seconds "
-                   "ago (default: 0 for attempt files, whose leases decide; 3600 for the "
-                   "dedup pass's _dedup/ files)")
+                   "ago (default 0: leases decide, for attempt files and for the dedup "
+                   "pass's _dedup/ files alike)")
     p.set_defaults(func=cmd_gc)
     p = sub.add_parser("ls", help="list the committed output files (named by commit "
                        "markers), one URI per line")
@@ -407,6 +429,11 @@ def _job_commands(sub) -> None:
                    "installed: upload only the spec (inputs/outputs must be absolute or s3://)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment variable for the job (repeatable)")
+    p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="also leave files matching PATTERN (gitignore syntax) out of the "
+                   "working_dir upload (repeatable); credential-looking files (.aws/, .ssh/, "
+                   ".ray/, *.pem, *.key, id_rsa*, credentials*, .netrc, *token, ...: "
+                   "submit.CREDENTIAL_EXCLUDES) are always left out")
     p.add_argument("--submission-id", help="job id to use (default: mmpipe-<job>-<random>)")
     p.add_argument("--wait", action="store_true",
                    help="follow the logs until the job ends; exit 0 only if it succeeded")
@@ -433,5 +460,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except MmpipeError as e:
+        outage = _storage_gave_up(e)
+        if outage is not None:   # the store was out: nothing is wrong with the spec
+            print(f"error: the run stopped: storage unavailable past storage.outage_s: "
+                  f"{outage}" + ("" if outage is e else f" ({e})"), file=sys.stderr)
+            return EXIT_RUNTIME
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _storage_gave_up(e: BaseException):
+    """The ``StorageError`` that gave up on a storage outage (``gave_up``) among ``e`` and
+    the exceptions it was raised from, or None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if getattr(e, "gave_up", False):
+            return e
+        e = e.__cause__ or e.__context__
+    return None

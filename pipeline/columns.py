@@ -98,14 +98,19 @@ MIME = declare("mime", pa.string(), "MIME type sniffed from the bytes.")
 FORMAT = declare("format", pa.string(), "Pillow format name (images) or container (video).")
 N_FRAMES = declare("n_frames", pa.int32(), "Animation frames or TIFF pages (images).")
 IS_ANIMATED = declare("is_animated", pa.bool_(), "Multi-frame GIF/APNG/WebP/AVIF/HEIF.")
-DECODE_FLAGS = declare("decode_flags", pa.list_(pa.string()), "Image decoder flags (e.g. "
-                       "float_scaled: float pixels scaled to 8 bits; see media/decode.py).")
+DECODE_FLAGS = declare("decode_flags", pa.list_(pa.string()), "Decoder flags (images, e.g. "
+                       "float_scaled: float pixels scaled to 8 bits, see media/decode.py; "
+                       "videos: mirrored, display_matrix_unsupported, frames_downscaled, see "
+                       "media/video.py).")
 HAS_ALPHA = declare("has_alpha", pa.bool_(), "The source had transparency.")
 SHA256 = declare("sha256", pa.string(), "sha256 (hex) of the source bytes.")
 PHASH = declare("phash", pa.int64(), "64-bit DCT perceptual hash (imagehash.phash): its 64 "
                 "bits (most significant first, as imagehash's hex) read as a two's-complement "
                 "int64 (Spark/BigQuery have no uint64); unsigned value: "
                 "np.asarray(phash, np.int64).view(np.uint64). Hamming distance is unchanged.")
+LOW_DETAIL = declare("low_detail", pa.bool_(), "The image is too flat for its pHash to mean "
+                     "anything (solid colour, 1x1, plain gradient: media.transform.low_detail); "
+                     "near dedup skips the row (exact dedup still applies).")
 DUPLICATE_OF = declare("duplicate_of", pa.string(), "Key of the kept row this duplicates.")
 DUPLICATE_HAMMING = declare("duplicate_hamming", pa.int32(), "pHash distance (bits) to it.")
 CAPTION = declare("caption", pa.large_string(), "Normalised caption (None if missing).")
@@ -137,6 +142,10 @@ METADATA_JSON = declare("metadata_json", pa.string(), "Sidecar/member JSON minus
 # --- quarantine -----------------------------------------------------------------------------
 SOURCE_BYTES_OUT = declare("source_bytes", pa.binary(), "Original bytes of an error row.",
                            kind="quarantine")
+SOURCE_SHA256_OUT = declare("source_sha256", pa.string(), "sha256 (hex) of an error row's "
+                            "bytes as read, kept or not.", kind="quarantine")
+SOURCE_SIZE_OUT = declare("source_size", pa.int64(), "Size of an error row's bytes as read "
+                          "(bytes), kept or not.", kind="quarantine")
 # --- internal -------------------------------------------------------------------------------
 SOURCE_BYTES = declare("_source_bytes", None, "Media bytes as read.", kind="internal")
 RAW_CAPTION = declare("_raw_caption", None, "Caption as read (any JSON value or bytes).",

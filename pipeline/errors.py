@@ -6,7 +6,34 @@ record errors, and the partition worker turns them into partition failures.
 
 from __future__ import annotations
 
+import reprlib
+
 from pipeline.records import ErrorReason
+
+#: The most characters one value takes in an error message (``short_repr``), and the most
+#: a whole ``SpecError`` message takes: a spec's values can be anything its author (or
+#: a YAML alias expanding) put there, and a message must stay readable and small.
+MAX_VALUE_CHARS = 200
+MAX_MESSAGE_CHARS = 4000
+
+_REPR = reprlib.Repr()   # attributes, not keywords: those came in Python 3.12
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset = 3, 6, 6, 6, 6
+_REPR.maxstring = _REPR.maxother = MAX_VALUE_CHARS
+_REPR.maxlong = 60
+
+
+def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` cut to at most about ``limit`` characters, saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def short_repr(value: object, limit: int = MAX_VALUE_CHARS) -> str:
+    """A ``repr`` of ``value`` for messages: ``reprlib`` (the standard library's bounded
+    repr: nested containers cut after 6 items and 3 levels, long strings shortened), then
+    cut to ``limit`` characters. Never walks more of ``value`` than it prints."""
+    return clip(_REPR.repr(value), limit)
 
 
 class MmpipeError(Exception):
@@ -14,10 +41,11 @@ class MmpipeError(Exception):
 
 
 class SpecError(MmpipeError):
-    """A job spec is invalid. ``field`` is the dotted field name, ``value`` the bad value."""
+    """A job spec is invalid. ``field`` is the dotted field name, ``value`` the bad value.
+    The message is cut to ``MAX_MESSAGE_CHARS`` (``clip``)."""
 
     def __init__(self, message: str, field: str = "", value: object = None):
-        super().__init__(message)
+        super().__init__(clip(message))   # a bounded message, whatever the value was
         self.field = field
         self.value = value
 

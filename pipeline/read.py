@@ -15,11 +15,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from pipeline.columns import SOURCE_BYTES_OUT, lookup
 from pipeline.storage import fs
-from pipeline.output.layout import OutputLayout, attempt_root_names, is_output
+from pipeline.output.layout import OutputLayout, is_output
 from pipeline.output import generations
 from pipeline.output.checkpoint import CheckpointStore
+from pipeline.output.committed import check_file_names
 
 #: Per-file Parquet key-value metadata, left out of a whole dataset's schema metadata.
 PER_FILE_KEYS = (b"mmpipe.partition_id", b"mmpipe.attempt_id")
@@ -55,11 +55,14 @@ def read_output(output: str, columns: list[str] | None = None,
     ``deduplicated``: only the ``status == "ok"`` rows whose key the newest complete dedup
     pass (``mmpipe dedup``) did not list as a duplicate, matched by ``(partition_id, key)``
     (a filtered dataset; ``partition_id``, ``key`` and ``status`` are added to ``columns``
-    if missing, the filter reads them); raises
-    ``FileNotFoundError`` if no dedup pass has completed on ``output``.
+    if missing, the filter reads them); with no duplicate found, the ok rows. Raises
+    ``FileNotFoundError`` if no dedup pass has completed on ``output``, and
+    ``dedup.store.IncompleteDedupError`` (a ``FileNotFoundError``) if the newest complete
+    one does not cover every committed partition (their duplicates would be kept).
 
     A committed output with no quarantine file (no error rows) gives an empty quarantine
-    dataset: the data files' schema plus ``source_bytes``, no files, 0 rows.
+    dataset: the data files' schema plus ``source_bytes``, ``source_sha256`` and
+    ``source_size``, no files, 0 rows.
 
     Raises ``FileNotFoundError`` if ``output`` is not an mmpipe output or nothing is
     committed (there is then no schema), ``ValueError`` for another ``kind`` or a column the
@@ -71,7 +74,10 @@ def read_output(output: str, columns: list[str] | None = None,
     files = committed_files(output, kind)
     if not files and kind == "quarantine":  # no error rows: empty, with the right schema
         data = read_output(output)
-        schema = data.schema.append(lookup(SOURCE_BYTES_OUT).field())
+        # imported here: it imports Pillow, which `mmpipe ls` needs not
+        from pipeline.output.sinks.quarantine import quarantine_schema
+
+        schema = quarantine_schema(data.schema)
         dataset = ds.dataset([], schema=schema, format="parquet", filesystem=data.filesystem)
     elif not files:
         what = ("no committed files (no commit marker names one)"
@@ -92,17 +98,17 @@ def read_output(output: str, columns: list[str] | None = None,
     fields = [schema.field(c) for c in columns] if columns is not None else list(schema)
     meta = {k: v for k, v in (schema.metadata or {}).items() if k not in PER_FILE_KEYS}
     if deduplicated:
-        from pipeline.dedup.store import latest_duplicates
+        from pipeline.dedup.store import covered_duplicates
 
-        dups = latest_duplicates(output)
-        if dups is None:
-            raise FileNotFoundError(f"{output}: no complete dedup pass (run `mmpipe dedup "
-                                    f"{output}`)")
-        # by (partition, key): keys are unique within a partition, an input may repeat one
-        where = pc.Expression._call("binary_join_element_wise", [
-            pc.field("partition_id"), pc.field("key"), pc.scalar("/")])
-        dup = pc.binary_join_element_wise(dups["partition_id"], dups["key"], "/")
-        dataset = dataset.filter((pc.field("status") == "ok") & ~where.isin(dup))
+        dups = covered_duplicates(output)   # FileNotFoundError / IncompleteDedupError
+        keep = pc.field("status") == "ok"
+        if dups.num_rows:   # (an empty table's columns have no chunks: no typed value set)
+            # by (partition, key): keys are unique within a partition, an input may repeat one
+            where = pc.Expression._call("binary_join_element_wise", [
+                pc.field("partition_id"), pc.field("key"), pc.scalar("/")])
+            dup = pc.binary_join_element_wise(dups["partition_id"], dups["key"], "/")
+            keep = keep & ~where.isin(dup.combine_chunks())
+        dataset = dataset.filter(keep)
     return dataset.replace_schema(pa.schema(fields, metadata=meta or None))
 
 
@@ -111,15 +117,20 @@ def committed_files(output_uri: str, kind: str | None = "data") -> list[str]:
     complete generation of ``output_uri`` (``generations.read_root``), by partition
     id then in marker order. ``kind``: the top directory of the files (``generations.attempt_roots_of``):
     ``"data"`` (the Parquet data files, the default), ``"quarantine"`` or ``"wds"``
-    (WebDataset shards); None: all of them. Raises ``ValueError`` for another ``kind``."""
+    (WebDataset shards); None: all of them. Raises ``ValueError`` for another ``kind``,
+    ``CommitError`` naming the marker and the name for a marker that names a file outside
+    its attempt's directories (``output.committed.check_file_names``: ``..``, absolute
+    paths, another partition's files), before anything is read."""
     root = generations.read_root(output_uri)    # the newest complete generation
-    if kind is not None and kind not in attempt_root_names():   # maybe a job's own datasink
-        known = generations.attempt_roots_of(root)
-        if kind not in known:
-            raise ValueError(f"kind {kind!r}: one of {known} or None")
+    known = generations.attempt_roots_of(root)  # with a job's own datasinks' directories
+    if kind is not None and kind not in known:
+        raise ValueError(f"kind {kind!r}: one of {known} or None")
     layout = OutputLayout(root)
     store = CheckpointStore(root)
-    return [layout.uri(f) for pid, m in sorted(store.markers().items())
+    markers = sorted(store.markers().items())
+    for pid, m in markers:   # a name outside its attempt's directories is refused, never read
+        check_file_names(m, layout.marker(pid), known)
+    return [layout.uri(f) for pid, m in markers
             for f in m.files if kind is None or f.startswith(kind + "/")]
 
 

@@ -21,7 +21,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
-from pipeline.errors import SpecError
+from pipeline.errors import MAX_VALUE_CHARS, SpecError, clip, short_repr
 
 
 class _Strict(BaseModel):
@@ -39,20 +39,32 @@ SIDECAR_EXTENSIONS = (".txt", ".json")
 HEIF_EXTENSIONS = (".heic", ".heics", ".heif", ".heifs", ".hif")
 
 
+#: Pillow formats ``pipeline.media.decode`` decodes (``imageio_util.RASTER_FORMATS`` |
+#: ``EXTENSION_FORMATS``, plus MPO, which sniffs as JPEG); listed here because the spec
+#: imports no media module (tests/media/test_decode_edges.py checks they agree). Pillow's
+#: other openers (stubs: BUFR, GRIB, HDF5, WMF; EPS without Ghostscript; MPEG, IPTC, FITS,
+#: FLI, FTEX, GBR, PCD, PIXAR: untested here; IM: deprecated, Pillow 15 drops it) give no default
+#: extension.
+DECODED_IMAGE_FORMATS = frozenset(
+    {"JPEG", "PNG", "GIF", "WEBP", "TIFF", "BMP", "ICO", "CUR", "AVIF", "JPEG2000", "PSD",
+     "QOI", "DDS", "ICNS", "PPM", "MPO", "TGA", "SGI", "PCX", "DCX", "BLP", "MSP", "XBM",
+     "XPM", "DIB", "SUN"})
+
+
 @functools.cache
 def image_extensions() -> tuple[str, ...]:
     """Default image extensions: every extension Pillow registers an opener for
-    (``PIL.Image.registered_extensions`` whose format is in ``PIL.Image.OPEN``, after
-    ``Image.init()``), plus pillow-heif's (``HEIF_EXTENSIONS``; without pillow-heif such a
-    file becomes an ``unsupported_format`` row), plus ``.svg`` (read, then rasterised or
-    refused as ``unsupported_format``), minus the sidecar extensions; sorted. A file with
-    one of these is read and decoded - a format the decoder cannot handle becomes an error
+    (``PIL.Image.registered_extensions``, after ``Image.init()``) whose format the decoder
+    handles (``DECODED_IMAGE_FORMATS``), plus pillow-heif's (``HEIF_EXTENSIONS``; without
+    pillow-heif such a file becomes an ``unsupported_format`` row), plus ``.svg`` (read,
+    then refused as ``unsupported_format``), minus the sidecar extensions; sorted. A file
+    with one of these is read and decoded - a file that does not decode becomes an error
     row, never a silently skipped file."""
     from PIL import Image
 
     Image.init()
     found = {ext.lower() for ext, fmt in Image.registered_extensions().items()
-             if fmt in Image.OPEN}
+             if fmt in Image.OPEN and fmt in DECODED_IMAGE_FORMATS}
     return tuple(sorted((found | set(HEIF_EXTENSIONS) | {".svg", ".mpo"})
                         - set(SIDECAR_EXTENSIONS)))
 
@@ -69,6 +81,7 @@ SOURCE_FIELD_KINDS: dict[str, tuple[str, ...]] = {
     "extensions": ("files", "webdataset"),
     "partition_size": ("files", "manifest"),
     "shards_per_partition": ("webdataset",),
+    "webdataset": ("webdataset",),
 }
 
 
@@ -81,6 +94,20 @@ class FieldNotApplicable(ValueError):
     def __init__(self, problems: list[tuple[str, Any, str]]):
         self.problems = problems
         super().__init__("; ".join(f"{field}: {message}" for field, _, message in problems))
+
+
+class WebDatasetSourceSpec(_Strict):
+    """Per-shard caps of the WebDataset reader (``pipeline.input.shards``): a shard past a
+    cap keeps the samples read before it and ends with one `too_large` row naming the
+    cap; the rest of the shard is not read."""
+
+    max_members: int = Field(
+        100_000, ge=1, description="Tar members (of any kind) read per shard; "
+        "img2dataset writes 10,000 samples of 2-3 members.")
+    max_bytes: int = Field(
+        16 * 2**30, ge=1, description="Bytes per shard: the member data read (decompressed "
+        "for `.tar.gz`), and the size of an object-store shard staged to local disk (a "
+        "larger one is not downloaded).")
 
 
 class SourceSpec(_Strict):
@@ -98,8 +125,10 @@ class SourceSpec(_Strict):
                      "prefix of manifests (manifest), a shard file or a prefix of shards "
                      "(webdataset): a local path (relative to the working directory) or "
                      "`s3://bucket/prefix`.")
-    manifest_format: Literal["auto", "parquet", "csv", "jsonl"] = Field(
-        "auto", description="Manifest format; `auto` uses the file extension.")
+    manifest_format: Literal["auto", "parquet", "csv", "jsonl", "json"] = Field(
+        "auto", description="Manifest format; `auto` uses the file extension (`.json`: "
+        "`json`, i.e. a JSON array of objects, concatenated objects or JSON Lines; "
+        "`.jsonl`/`.ndjson`: `jsonl`, one object per line).")
     path_column: str | None = Field(
         None, description="Manifest column naming the media; default: `url`, else `path`. "
         "Relative paths are resolved against the manifest's directory.")
@@ -120,12 +149,23 @@ class SourceSpec(_Strict):
                                 "by `shards_per_partition` instead.")
     shards_per_partition: int = Field(1, ge=1, description="WebDataset: whole shards per "
                                       "partition (a shard is never split).")
+    webdataset: WebDatasetSourceSpec = Field(
+        default_factory=WebDatasetSourceSpec, description="WebDataset: per-shard caps.")
     allowed_roots: tuple[str, ...] = Field(
         (), description="More input roots a manifest row (or a listed file's real path) may "
-        "read from, besides `uri` and each manifest's own directory or prefix: local "
-        "directories (symlinks resolved) or `s3://bucket/prefix`. Anything else (absolute "
-        "paths outside, `..` escapes, `file://`, symlinks leaving the roots, other "
-        "buckets or prefixes) is an `outside_input_root` error row, never read.")
+        "read from, besides `uri` (and, when `uri` names one manifest file, that file's "
+        "directory or prefix, unless it is a bucket root or `/`): local directories "
+        "(symlinks resolved) or `s3://bucket/prefix`. A manifest's folder is no root of its "
+        "own otherwise: a manifest at `s3://bucket/m.csv` reads only what these name. "
+        "Anything else (absolute paths outside, `..` escapes, `file://`, symlinks leaving "
+        "the roots, other buckets or prefixes) is an `outside_input_root` error row, never "
+        "read.")
+    allow_hidden: bool = Field(
+        False, description="Read hidden files and folders (a path component starting with "
+        "`.` below an input root, e.g. `.aws/credentials`, `.ssh/id_rsa`, `.ray/auth_token`, "
+        "`.git/`). Default: refused under every root, an `outside_input_root` error row that "
+        "says `hidden`, never read; a hidden folder declared in `allowed_roots` admits what "
+        "is below it.")
 
     @field_validator("extensions")
     @classmethod
@@ -159,7 +199,8 @@ class SourceSpec(_Strict):
         for name, kinds in SOURCE_FIELD_KINDS.items():
             value = getattr(self, name)
             if (self.kind not in kinds and name in self.model_fields_set
-                    and value != type(self).model_fields[name].default):
+                    and value != type(self).model_fields[name].get_default(
+                        call_default_factory=True)):
                 shown = list(value) if isinstance(value, tuple) else value
                 problems.append((name, shown, f"{shown!r} does not apply to source.kind "
                                  f"{self.kind!r} (used by: {', '.join(kinds)})"))
@@ -188,10 +229,25 @@ class StorageSpec(_Strict):
                                "AWS_DEFAULT_REGION of the driver, else us-east-1 (sent to "
                                "the actors like `endpoint_url`).")
     max_attempts: int = Field(8, ge=1, description="Attempts per storage request on transient "
-                              "errors (503 SlowDown, 500, resets, timeouts).")
+                              "errors (503 SlowDown, 500, resets, timeouts), at least; see "
+                              "`outage_s`.")
+    outage_s: float = Field(
+        300.0, ge=0, description="Seconds a storage request keeps retrying transient errors "
+        "(a store that throttles, restarts or cannot be reached) before it gives up, with "
+        "waits of at most 5 s; together with `max_attempts` (both must be spent). A "
+        "partition attempt that fails on such an outage is retried without counting "
+        "against `runtime.max_attempts` for as long. When the driver itself gives up, "
+        "`mmpipe run` exits 3 (a runtime failure, not a bad spec) naming the request.")
     max_concurrency_per_prefix: int = Field(
         64, ge=1, description="Concurrent requests per process and S3 prefix; halved on "
         "SlowDown, regrown additively (AIMD).")
+    local_permissions: Literal["owner", "group", "all"] = Field(
+        "owner", description="Who may read the files and folders a job creates on a local "
+        "filesystem (output, markers, leases, plan, dedup files): `owner`: files 0600, "
+        "folders 0700 (the default: a job's output may hold what its input held); "
+        "`group`: 0640/0750; `all`: 0644/0755. Set exactly (the umask is not applied); "
+        "folders that already exist keep their mode. S3 objects have no mode: who reads "
+        "them is the bucket's policy and ACLs.")
 
 
 class WebDatasetSinkSpec(_Strict):
@@ -214,6 +270,14 @@ class SinkSpec(_Strict):
                      "_SUCCESS (and _generations/ after an overwrite); must not overlap the input.")
     rows_per_row_group: int = Field(
         256, ge=1, description="Rows buffered before a Parquet row group is written.")
+    max_buffer_bytes: int = Field(
+        64 * 2**20, ge=2**16, description="Bytes of rows a Parquet datasink (data and "
+        "quarantine) buffers per worker before it writes a row group, whichever of this "
+        "and `rows_per_row_group` comes first; a batch larger than this is converted and "
+        "written in pieces, so carried columns of many MiB per row cannot hold "
+        "`rows_per_row_group` rows in memory (a row group stays under twice this; a row "
+        "larger than this is written alone). "
+        "Memory only: not part of the fingerprint.")
     compression: Literal["zstd", "snappy", "none"] = Field("zstd", description="Parquet codec.")
     quarantine: bool = Field(True, description="Also write error rows with their source bytes "
                              "to quarantine/.")
@@ -222,6 +286,13 @@ class SinkSpec(_Strict):
         "decode up to this size per row (larger: `source_bytes` is null); rows refused "
         "before decoding (outside the input roots, too large, not a file, download "
         "failed or refused) never keep bytes.")
+    quarantine_bytes: Literal["media", "digest", "all"] = Field(
+        "media", description="Which error rows keep their bytes in quarantine "
+        "(`source_bytes`): `media`: only those whose bytes sniff as an image or video "
+        "format by their magic bytes (a text file, a key, an HTML page keep none: a "
+        "stranger's manifest naming a secret must not copy it); `digest`: none; `all`: "
+        "every row read without error (up to `quarantine_max_row_bytes`). Every row read "
+        "without error keeps `source_sha256` and `source_size` either way.")
     quarantine_buffer_bytes: int = Field(
         64 * 2**20, ge=1, description="Quarantine rows buffered per worker before a row "
         "group is written (bytes of `source_bytes`; also bounded by rows_per_row_group).")
@@ -231,6 +302,13 @@ class SinkSpec(_Strict):
     allow_bucket_root: bool = Field(
         False, description="Allow a bucket root (`s3://bucket`) as `uri`: an output owns its "
         "whole prefix (a new generation replaces the old ones, `mmpipe gc` deletes in it).")
+    allow_foreign_files: bool = Field(
+        False, description="Allow a `uri` that already holds files and is not an mmpipe "
+        "output (no `_plan/`, `_checkpoints/`, `_generations/`, `_job/` or `_SUCCESS`): "
+        "by default such a folder is refused before anything is written, naming what is "
+        "there. Either way gc and `--mode overwrite` delete only the files of mmpipe's own "
+        "layout (`data/<pid>/a-<attempt>/...` and its own root entries), never another "
+        "file, a nested output or what a symbolic link points at.")
 
 
 class CaptionSpec(_Strict):
@@ -327,6 +405,12 @@ class VideoSpec(_Strict):
     max_decode_s: float = Field(
         300.0, gt=0, description="Most wall-clock seconds spent decoding one video (all its "
         "passes); beyond this it is a `decode_timeout` error row.")
+    allow_playlists: bool = Field(
+        False, description="Open containers that name other files (HLS `.m3u8`, DASH "
+        "`.mpd`, ffconcat lists, image sequences, ...). Default: refused, an "
+        "`unsupported_format` error row before any named file is read, and FFmpeg may open "
+        "nothing but the video itself. true: their entries are read from the local "
+        "filesystem (never the network) WITHOUT the input-root checks: trusted input only.")
     temp_dir: str | None = Field(None, description="Where videos from object storage are "
                                  "staged (one temporary file per video in flight, deleted "
                                  "after decoding); default: the system temp dir.")
@@ -529,7 +613,9 @@ class RuntimeSpec(_Strict):
         256 * 2**20, ge=1, description="Byte budget of the decoded pixels of one batch "
         "(bytes; images: width*height*3 from the header, videos: frame pixels*3 times the "
         "frames sampled): a batch read is cut into smaller batches so that one never "
-        "holds more; a record larger than the budget is processed alone.")
+        "holds more; a record larger than the budget is processed alone. A video's sampled "
+        "frames never hold more: they are halved in width and height until they fit "
+        "(`decode_flags`: `frames_downscaled`), or the row is a `too_large` error.")
     decode_threads: int = Field(2, ge=1, description="Threads per worker that read inputs; "
                                 "the CPU steps (decode, resize, encode) of a worker run on "
                                 "at most as many threads as the CPUs Ray gave it (one by "
@@ -620,16 +706,92 @@ class JobSpec(_Strict):
 MODEL_SECTIONS = ("text_embedding", "image_embedding", "captioning")
 
 
+#: Bounds of a job spec's YAML: its size in bytes, and the nodes (scalars, lists,
+#: mappings) it holds once every alias is expanded. A real spec has a few hundred nodes;
+#: nested aliases ("billion laughs", CVE-2003-1564's XML entity bomb in YAML) reach
+#: billions from a few hundred bytes, and everything downstream (validation, error
+#: messages, the fingerprint) walks the expanded value.
+MAX_SPEC_BYTES = 1 << 20
+MAX_SPEC_NODES = 10_000
+
+
+def _expanded_nodes(root: yaml.Node, origin: str) -> int:
+    """Nodes of the YAML graph ``root`` with every alias expanded, counted without
+    expanding: each node's count once (memoised), so a few hundred bytes of nested
+    aliases cost a few hundred steps. Raises ``SpecError`` once the count passes
+    ``MAX_SPEC_NODES``, or for a recursive alias (a node that contains itself)."""
+    counts: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            total = 1 + sum(counts[id(c)] for c in _yaml_children(node))
+            if total > MAX_SPEC_NODES:
+                raise SpecError(f"{origin}: the YAML expands to more than {MAX_SPEC_NODES} "
+                                "values (aliases nested inside aliases?); a job spec is "
+                                "refused past that", "<yaml>", None)
+            counts[key] = total
+            continue
+        if key in counts:
+            continue
+        if key in on_path:
+            raise SpecError(f"{origin}: a YAML alias refers to a node that contains it "
+                            "(a recursive structure): not a job spec", "<yaml>", None)
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _yaml_children(node) if id(c) not in counts)
+    return counts[id(root)]
+
+
+def _yaml_children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def load_yaml(text: str, origin: str) -> Any:
+    """Parse one YAML document with ``yaml.SafeLoader`` (plain data only), bounded: more
+    than ``MAX_SPEC_BYTES`` characters, or a document that expands past
+    ``MAX_SPEC_NODES`` values through its aliases, raises ``SpecError`` naming
+    ``origin`` before anything is constructed. A malformed document raises
+    ``yaml.YAMLError``; an empty one gives None."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(f"{origin}: {len(text)} characters; a job spec is at most "
+                        f"{MAX_SPEC_BYTES} (1 MiB)", "<yaml>", None)
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_nodes(node, origin)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def apply_override(data: dict[str, Any], dotted: str, raw_value: str) -> None:
-    """Set ``data[a][b]... = yaml(raw_value)`` for ``dotted`` = ``"a.b..."`` in place."""
+    """Set ``data[a][b]... = yaml(raw_value)`` for ``dotted`` = ``"a.b..."`` in place
+    (the value parsed by ``load_yaml``, bounded like a spec)."""
     parts = dotted.split(".")
     node = data
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise SpecError(f"--set {dotted}: {part!r} is not a section", dotted, raw_value)
+            raise SpecError(f"--set {clip(dotted, MAX_VALUE_CHARS)}: {short_repr(part)} is "
+                            "not a section", dotted, raw_value)
         node = child
-    node[parts[-1]] = yaml.safe_load(raw_value) if raw_value != "" else ""
+    try:
+        value = load_yaml(raw_value, f"--set {clip(dotted, MAX_VALUE_CHARS)}") \
+            if raw_value != "" else ""
+    except yaml.YAMLError as e:
+        raise SpecError(f"--set {clip(dotted, MAX_VALUE_CHARS)}: not a YAML value: "
+                        f"{clip(str(e), 500)}", dotted, raw_value) from None
+    node[parts[-1]] = value
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:
@@ -676,14 +838,15 @@ def parse_spec(data: Any, origin: str = "<spec>", given: dict[str, str] | None =
                     name = field if loc == "<root>" else f"{loc}.{field}"
                     flag = next((f" [from {given[k]}]" for k in (name, f"{loc}.kind")
                                  if k in given), "")
-                    lines.append(f"{name}: {message}{flag}")
+                    lines.append(clip(f"{name}: {message}{flag}", 1000))
                     where.append((name, value))
                 continue
             hint = _did_you_mean(err["loc"]) if err["type"] == "extra_forbidden" else ""
             opt = given.get(loc) or next((v for k, v in given.items()
                                           if k.startswith(loc + ".")), None)
             flag = f" [from {opt}]" if opt else ""
-            lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r}){hint}{flag}")
+            lines.append(clip(f"{clip(loc, MAX_VALUE_CHARS)}: {clip(err['msg'], 500)} "
+                              f"(got {short_repr(err.get('input'))}){hint}{flag}", 1000))
             where.append((".".join(str(p) for p in err["loc"]), err.get("input")))
         raise SpecError(f"{origin}: invalid job spec:\n  " + "\n  ".join(lines),
                         *where[0]) from None
@@ -696,9 +859,10 @@ def load_spec(path: str | Path, overrides: list[str] = (), input_uri: str | None
     Raises ``SpecError`` for unreadable YAML, a malformed override or an invalid field.
     """
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise SpecError(f"{path}: cannot read job spec: {e}") from None
+        with open(path, encoding="utf-8") as f:   # never more than the bound + 1 read
+            data = load_yaml(f.read(MAX_SPEC_BYTES + 1), str(path))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise SpecError(f"{path}: cannot read job spec: {clip(str(e), 1000)}") from None
     data = data if data is not None else {}
     given: dict[str, str] = {}
     if isinstance(data, dict):
@@ -711,7 +875,8 @@ def load_spec(path: str | Path, overrides: list[str] = (), input_uri: str | None
         for item in overrides:
             key, sep, value = item.partition("=")
             if not sep or not key:
-                raise SpecError(f"--set {item!r}: expected dotted.key=value", item, item)
+                raise SpecError(f"--set {short_repr(item)}: expected dotted.key=value",
+                                item, item)
             apply_override(data, key.strip(), value)
             given[key.strip()] = f"--set {item}"
     return parse_spec(data, str(path), given)

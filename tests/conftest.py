@@ -36,6 +36,10 @@ def ray_local():
     ray.shutdown()
 
 
+#: A JPEG cut short: C01, cut inside its final EOI marker (``decode._jpeg_missing_eoi``).
+TRUNCATED_JPEG = "C01_trunc/truncated_jpeg.jpg"
+
+
 @pytest.fixture
 def mixed_input(tmp_path) -> Path:
     """A files-datasource input: 12 real photos with .txt/.json sidecar captions, a byte
@@ -53,7 +57,8 @@ def mixed_input(tmp_path) -> Path:
                 {"caption": row["captions"][0], "license": row["license"]}))
     first = rows[0]["file"].rsplit(".", 1)[0]
     shutil.copy(PHOTOS / rows[0]["file"], src / f"{first}_copy.jpg")  # sorts next to it
-    for case in ["C01_trunc/truncated_jpeg.jpg", "C38_zero/empty.jpg",
+    shutil.copy(CASES / TRUNCATED_JPEG, src / "truncated_jpeg.jpg")
+    for case in ["C38_zero/empty.jpg",
                  "C41_ext/html_redirect_page.jpg", "C35_bomb/decompression_bomb.gif",
                  "C06_exif/hopper_orientation_6.jpg", "C40_ext/hopper_png_bytes.jpg"]:
         shutil.copy(CASES / case, src / case.split("/")[1])

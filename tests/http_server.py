@@ -17,7 +17,9 @@
 - ``/retryafter/<seconds>/<name>``: first request 503 with ``Retry-After``, then the file.
 - ``/redirect/<name>``: 302 to ``/ok/<name>``.
 - ``/redirectto/<quoted url>/<name>``: 302 to the URL-decoded ``<quoted url>`` (any
-  scheme, host or port: redirect checks); ``<name>`` must exist.
+  scheme, host or port: redirect checks); ``<name>`` must exist. The header is written
+  in Latin-1 (``http.server``), so ``%E9`` in ``<quoted url>`` (decoded as Latin-1) is
+  the raw byte ``E9``.
 - ``/chunked/<name>``: the file with chunked transfer encoding (no ``Content-Length``).
 - ``/encoded/<codings>/<name>``: the file with a ``Content-Encoding``: ``<codings>`` is a
   comma-separated (URL-quoted) list applied in order, each ``gzip``, ``x-gzip``,
@@ -34,7 +36,8 @@
 - ``/bomb/<codings>/<megabytes>/<name>``: that many MiB of zero bytes, encoded (a
   compression bomb: 64 MiB of zeros is ~64 KiB of gzip); ``<name>`` must exist.
 
-It records ``counts`` (requests per path), ``user_agents`` and ``hosts`` (the ``Host``
+It records ``counts`` (requests per path), ``targets`` (request targets as sent, with
+their query), ``user_agents`` and ``hosts`` (the ``Host``
 headers; both in arrival order),
 ``max_in_flight`` (most requests being handled at once; a handler still sleeping from
 an earlier test counts too), ``max_in_flight_by_route`` (the same per path without the
@@ -108,6 +111,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802 - http.server's name
         owner = self.server.owner
+        owner.targets.append(self.path)
         path = urllib.parse.urlsplit(self.path).path
         owner._enter(path, self.headers.get("User-Agent"), self.headers.get("Host"))
         try:
@@ -220,7 +224,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
         elif kind == "redirectto" and len(args) == 2:
             self.send_response(302)
-            self.send_header("Location", urllib.parse.unquote(args[0]))
+            self.send_header("Location", urllib.parse.unquote(args[0], encoding="latin-1"))
             self.send_header("Content-Length", "0")
             self.end_headers()
         elif kind == "chunked" and len(args) == 1:
@@ -293,6 +297,7 @@ class FaultHTTPServer:
         self.root = root
         self.host = host
         self.hosts: list[str | None] = []
+        self.targets: list[str] = []
         self._lock = threading.Lock()
         self.counts: collections.Counter[str] = collections.Counter()
         self.body_bytes_sent: collections.Counter[str] = collections.Counter()
@@ -339,6 +344,7 @@ class FaultHTTPServer:
             self.body_bytes_sent.clear()
             self.user_agents.clear()
             self.hosts.clear()
+            self.targets.clear()
             self.max_in_flight = self.in_flight
             self.max_in_flight_by_route.clear()
             self.max_in_flight_by_route.update(+self._route_in_flight)

@@ -3,7 +3,8 @@
 
 ``FaultProxy`` sits in front of it and, for a configured fraction of requests, answers
 ``503 SlowDown``, resets the connection before forwarding, drops the response after the
-server applied the request (the client sees a reset), or delays the response.
+server applied the request (the client sees a reset), or delays the response; ``outage(s)``
+answers every request ``503 SlowDown`` for ``s`` seconds (a store that throttles everyone).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import random
 import socket
 import threading
+import time
 
 from pipeline.testing.seaweedfs import SeaweedS3, free_port  # noqa: F401
 
@@ -33,6 +35,8 @@ class FaultProxy:
         self.fault_rate, self.modes, self.delay_s = fault_rate, modes, delay_s
         self.rng = random.Random(seed)
         self.counts = {"requests": 0, **{m: 0 for m in modes}}
+        self.outage_until = 0.0                 # time.monotonic(): all 503 before it
+        self.outage_answers: list[float] = []   # time.monotonic() of each outage 503
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -47,6 +51,10 @@ class FaultProxy:
             asyncio.start_server(self._handle, "127.0.0.1", self.port))
         self.ready.set()
         self.loop.run_forever()
+
+    def outage(self, seconds: float) -> None:
+        """Answer every request ``503 SlowDown`` (not forwarded) for ``seconds`` from now."""
+        self.outage_until = time.monotonic() + seconds
 
     def stop(self) -> None:
         def shutdown():
@@ -97,6 +105,9 @@ class FaultProxy:
         mode = self.rng.choice(self.modes) if self.rng.random() < self.fault_rate else None
         if mode:
             self.counts[mode] += 1
+        if time.monotonic() < self.outage_until:
+            mode = "slowdown"
+            self.outage_answers.append(time.monotonic())
         if mode == "slowdown":
             body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
                     b"<Message>Please reduce your request rate.</Message></Error>")

@@ -5,7 +5,9 @@ Per committed attempt and per kind, one small Parquet file per non-empty bucket:
     _index/exact/b-0003/p-000042.a-<attempt>.parquet   key, partition_id, row, sha256
     _index/near/b-0011/p-000042.a-<attempt>.parquet    key, partition_id, row, phash, block
 
-Only ``status == "ok"`` rows are indexed (in-partition duplicates are already rejected).
+Only ``status == "ok"`` rows are indexed (in-partition duplicates are already rejected);
+rows flagged ``low_detail`` (flat images: ``media.transform.low_detail``) only in the exact
+index.
 ``row`` is the row's position in the partition's data file, so ``(partition_id, row)`` is
 the row's place in plan order (partition ids sort in plan order).
 
@@ -26,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.columns import KEY, PHASH, SHA256, STATUS, Batch
+from pipeline.columns import KEY, LOW_DETAIL, PHASH, SHA256, STATUS, Batch
 from pipeline.output.sinks.base import FileDatasink
 from pipeline.output.layout import INDEX_DIR
 from pipeline.records import Status
@@ -168,13 +170,14 @@ class IndexDatasink(FileDatasink):
         self._reset()
 
     def write(self, batch: Batch) -> None:
-        phash = batch.get(PHASH)
+        phash, low = batch.get(PHASH), batch.get(LOW_DETAIL)
         for i, status in enumerate(batch[STATUS]):
             if status == Status.OK.value and batch[SHA256][i] is not None:
                 self.keys.append(batch[KEY][i])
                 self.positions.append(self.rows + i)
                 self.sha.append(batch[SHA256][i])
-                self.phash.append(None if phash is None else phash[i])
+                flat = low is not None and bool(low[i])       # no near index row
+                self.phash.append(None if phash is None or flat else phash[i])
         self.rows += len(batch[STATUS])
 
     def _finish(self) -> None:

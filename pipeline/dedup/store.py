@@ -10,20 +10,27 @@ _dedup/semantic/index/b-0003/<pid>.a-<id>.parquet        a partition's rows of o
 _dedup/duplicates/g-000001.a-<id>.parquet                the result of generation 1
 _dedup/_checkpoints/g-000001/<task>.json                 a task's commit marker
 _dedup/_checkpoints/centroids.json, assign/<pid>.json    semantic markers (any generation)
+_dedup/_leases/<task>.<attempt>.json                     a running task attempt's lease
 ```
 
 A generation is one run of the pass over the partitions committed when it started; it
 compares only pairs with a row of a partition that no earlier generation covered (``new``)
 and is complete when its ``duplicates`` marker exists. Every task commits like a
 partition (DESIGN.md commit protocol): attempt-unique files, then an exclusive marker that
-names them; files no marker names are never read. ``latest_duplicates`` reads the newest
-complete generation's table.
+names them; files no marker names are never read. Like a partition attempt, a task attempt
+holds a lease (``_dedup/_leases/``, ``pipeline.output.lease.AttemptLease``) from before its
+first file until after its marker exists, and its commit re-reads every file it names
+(``verify``) and checks that its lease has at least a quarter of ``lease_s`` left, so
+``mmpipe gc`` (``unreferenced``: files, then leases, then markers) never deletes a file a
+running task will name. ``latest_duplicates`` reads the newest complete generation's
+table; ``covered_duplicates`` also refuses one that does not cover every committed
+partition (the deduplicated view).
 """
 
 from __future__ import annotations
 
 import posixpath
-import time
+import re
 import uuid
 from typing import Any
 
@@ -32,11 +39,26 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import CommitError
-from pipeline.storage import fs
+from pipeline.output import lease as leases
+from pipeline.output.checkpoint import verify_file
 from pipeline.output.layout import DEDUP_DIR, OutputLayout
+from pipeline.storage import fs
 
 ROOT = DEDUP_DIR
 CHECKPOINTS = f"{ROOT}/_checkpoints"
+#: Default lease of a task attempt (seconds) and its renewal period: ``runtime.lease_s`` and
+#: ``runtime.lease_renew_s``'s defaults (``mmpipe run``/``dedup`` pass the job's values).
+LEASE_S, LEASE_RENEW_S = 60.0, 10.0
+#: The name of a file an attempt of the pass writes (``<name>.a-<12 hex>.parquet|npy``);
+#: group 1 is the attempt id. Nothing else under ``_dedup/`` is the pass's: gc leaves it.
+_ATTEMPT_FILE = re.compile(r"^[^/]+\.a-([0-9a-f]{12})\.(?:parquet|npy)$")
+
+
+class IncompleteDedupError(FileNotFoundError):
+    """The newest complete dedup generation does not cover every committed partition
+    (a pass was stopped, or partitions were committed after it): its duplicates table
+    would leave the duplicates in the uncovered partitions in a deduplicated view."""
+
 
 #: Rows of a generation's index-file list.
 FILES_SCHEMA = pa.schema([("kind", pa.string()), ("bucket", pa.int32()),
@@ -115,10 +137,18 @@ class DedupStore:
                     raise CommitError(f"unreadable dedup generation {e.uri}: {err}") from err
         return sorted(out, key=lambda g: g.generation)
 
-    def create_generation(self, gen: Generation, files: pa.Table) -> bool:
+    def create_generation(self, gen: Generation, files: pa.Table,
+                          lease: leases.AttemptLease | None = None) -> bool:
         """Write the index-file list, then create the generation exclusively; False (and
-        the list deleted) if that generation number exists (another pass made it)."""
-        self.write_files_list(gen.files, files)
+        the list deleted) if that generation number exists (another pass made it). The
+        list is verified before the create and ``lease`` (held by the caller since before
+        the list was written) must have a quarter of its time left, as in ``commit``;
+        raises ``CommitError`` otherwise."""
+        sha, _ = self.write_files_list(gen.files, files)
+        self.verify(TaskMarker(task=f"generation-{gen.generation}", generation=gen.generation,
+                               attempt_id="", files=[gen.files], sha256={gen.files: sha}))
+        if lease is not None:
+            lease.check(lease.lease_s / 4)
         if fs.create_exclusive(self.uri(self.generation_rel(gen.generation)),
                                gen.model_dump_json(indent=1).encode()):
             return True
@@ -154,8 +184,31 @@ class DedupStore:
         where = CHECKPOINTS if generation is None else f"{CHECKPOINTS}/g-{generation:06d}"
         return f"{where}/{task}.json"
 
-    def commit(self, generation: int | None, marker: TaskMarker) -> bool:
-        """Create a task's marker; False if another attempt of it committed first."""
+    def lease(self, task: str, attempt_id: str, lease_s: float = LEASE_S,
+              renew_s: float = LEASE_RENEW_S) -> leases.AttemptLease:
+        """Start the lease of one attempt of ``task`` (``_dedup/_leases/<task>.<attempt>
+        .json``, ``/`` in the task id written ``~``), renewed every ``renew_s`` seconds for
+        ``lease_s`` more; the caller releases it after its commit or clean-up. Raises what
+        storage raises."""
+        return leases.AttemptLease(self.uri(ROOT), task.replace("/", "~"), attempt_id,
+                                   lease_s, renew_s).start()
+
+    def verify(self, marker: TaskMarker) -> None:
+        """Re-read every file ``marker`` names (streamed sha256) and compare with the
+        digest it records. Raises ``CommitError`` naming the first file missing or changed
+        (a marker must never name a file that is gone: ``checkpoint.verify_files``'s rule)."""
+        for rel in marker.files:
+            verify_file(self.uri(rel), marker.sha256.get(rel), f"dedup task {marker.task}")
+
+    def commit(self, generation: int | None, marker: TaskMarker,
+               lease: leases.AttemptLease | None = None) -> bool:
+        """Create a task's marker; False if another attempt of it committed first.
+        First every file it names is verified (``verify``) and, with ``lease``, the
+        attempt's lease must have at least a quarter of its ``lease_s`` left
+        (``AttemptLease.check``). Raises ``CommitError`` if either fails."""
+        self.verify(marker)
+        if lease is not None:
+            lease.check(lease.lease_s / 4)
         uri = self.uri(self.marker_rel(generation, marker.task))
         if fs.create_exclusive(uri, marker.model_dump_json(indent=1).encode()):
             return True
@@ -210,29 +263,60 @@ class DedupStore:
         return None
 
 
-def unreferenced(output_uri: str, min_age_s: float) -> tuple[list[str], list[str]]:
-    """``(old, young)``: files under ``_dedup/`` that no dedup marker or generation names
-    (the files of failed or lost task attempts), last modified at least ``min_age_s``
-    seconds ago, and the younger ones (a running pass may still be writing them).
-    Markers and generation files themselves are never listed."""
+def unreferenced(output_uri: str, min_age_s: float = 0.0, margin_s: float = 60.0,
+                 clock: leases.StorageClock | None = None
+                 ) -> tuple[list[str], list[str], list[str]]:
+    """``(garbage, live, young)``: files under ``_dedup/`` that no dedup marker or
+    generation names (the files of failed, lost or still running task attempts), split
+    into those ``mmpipe gc`` may delete, those of an attempt whose lease is live (not
+    expired more than ``margin_s`` seconds ago, or unreadable: being replaced) and those
+    modified less than ``min_age_s`` seconds ago. Only files named like the pass's
+    (``<name>.a-<attempt>.parquet|npy``) are listed: markers, generation files, leases and
+    anything else someone put under ``_dedup/`` never are. The order is ``pipeline.output.gc``'s: files, then
+    leases, then markers and generations; a task attempt holds its lease from before its
+    first file until its marker exists, so a file listed without a live lease belongs to
+    an attempt that ended, and its marker, if any, is in the later listing. Leases and
+    ``min_age_s`` are judged by ``clock`` (the storage's, ``pipeline.output.gc.
+    storage_clock``; None: this host's), as gc judges attempt leases."""
     store = DedupStore(output_uri)
-    named = set()
-    gens = store.generations()
-    for gen in gens:
+    files = [(e, m.group(1)) for top in ("pairs", "duplicates", "semantic", "generations")
+             for e in fs.list_files(store.uri(f"{ROOT}/{top}"))                 # 1. files
+             if (m := _ATTEMPT_FILE.match(posixpath.basename(e.uri)))]
+    now = (clock or leases.StorageClock(0.0)).now()   # taken before the leases are listed
+    held = {attempt for (_, attempt), rec in leases.attempt_leases(store.uri(ROOT)).items()
+            if rec is None or not rec.expired_by(now, margin_s)}                # 2. leases
+    named = set()                                                               # 3. markers
+    for gen in store.generations():
         named.add(store.uri(gen.files))
         for m in store.markers(gen.generation).values():
             named.update(store.uri(f) for f in m.files)
     for under in ("", "assign"):
         for m in store.markers(None, under).values():
             named.update(store.uri(f) for f in m.files)
-    cutoff = time.time() - min_age_s
-    old, young = [], []
-    for top in ("pairs", "duplicates", "semantic", "generations"):
-        for e in fs.list_files(store.uri(f"{ROOT}/{top}")):
-            if e.uri in named or e.uri.endswith(".json"):
-                continue
-            (old if e.mtime_s is None or e.mtime_s <= cutoff else young).append(e.uri)
-    return old, young
+    cutoff = now - min_age_s
+    garbage, live, young = [], [], []
+    for e, attempt in files:
+        if e.uri in named:
+            continue
+        if attempt in held:
+            live.append(e.uri)
+        elif min_age_s and e.mtime_s is not None and e.mtime_s > cutoff:
+            young.append(e.uri)
+        else:
+            garbage.append(e.uri)
+    return garbage, live, young
+
+
+def stale_leases(output_uri: str, margin_s: float = 60.0,
+                 clock: leases.StorageClock | None = None) -> list[str]:
+    """URIs of the ``_dedup/_leases/`` files expired more than ``margin_s`` seconds ago by
+    ``clock`` (as in ``unreferenced``): their attempts ended without removing them; gc
+    deletes them after the files."""
+    root = DedupStore(output_uri).uri(ROOT)
+    now = (clock or leases.StorageClock(0.0)).now()
+    return [fs.join(root, leases.attempt_lease_rel(*k))
+            for k, rec in leases.attempt_leases(root).items()
+            if rec is not None and rec.expired_by(now, margin_s)]
 
 
 def latest_duplicates(output_uri: str) -> pa.Table | None:
@@ -245,6 +329,35 @@ def latest_duplicates(output_uri: str) -> pa.Table | None:
     done = store.complete()
     if done is None:
         return None
+    return store.read_tables(done[1].files, DUPLICATES_SCHEMA)
+
+
+def covered_duplicates(output_uri: str) -> pa.Table:
+    """``latest_duplicates``, only if its dedup generation covers every partition committed
+    in the newest complete output generation (what ``read_output(deduplicated=True)`` and
+    ``mmpipe export --deduplicated`` use). Raises ``FileNotFoundError`` if no dedup pass
+    completed there, ``IncompleteDedupError`` (a ``FileNotFoundError``) naming the
+    partitions it does not cover (their duplicates would be kept): run ``mmpipe dedup``."""
+    from pipeline.dedup.groups import DUPLICATES_SCHEMA
+    from pipeline.output.checkpoint import CheckpointStore
+    from pipeline.output.generations import read_root
+
+    root = read_root(output_uri)
+    store = DedupStore(root)
+    done = store.complete()
+    if done is None:
+        raise FileNotFoundError(f"{output_uri}: no complete dedup pass (run `mmpipe dedup "
+                                f"{output_uri}`)")
+    committed = CheckpointStore(root).committed_ids()
+    missing = sorted(committed - set(done[0].partitions))
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
+                                          else "")
+        raise IncompleteDedupError(
+            f"{output_uri}: the newest complete dedup pass (generation {done[0].generation}) "
+            f"covers {len(committed) - len(missing)} of {len(committed)} committed partitions "
+            f"(not {shown}): a deduplicated view would keep their duplicates; run "
+            f"`mmpipe dedup {output_uri}`")
     return store.read_tables(done[1].files, DUPLICATES_SCHEMA)
 
 

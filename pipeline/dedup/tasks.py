@@ -3,8 +3,9 @@ calls them, and so do the benchmark and the tests.
 
 Task ids: ``exact-b-0003``, ``near-b-0003``, ``semantic-b-0003`` (a bucket of one
 generation), ``centroids`` and ``assign/<pid>`` (output-wide semantic tasks). Each task
-reads only what it owns, writes attempt-unique files and commits a ``TaskMarker``
-(``store.DedupStore.commit``); a task whose marker exists is never run again.
+reads only what it owns, writes attempt-unique files under its attempt lease
+(``store.DedupStore.lease``) and commits a ``TaskMarker`` (``store.DedupStore.commit``:
+files verified, lease checked); a task whose marker exists is never run again.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import pyarrow.parquet as pq
 
 from pipeline.dedup import index, pairs
 from pipeline.dedup.groups import PAIRS_SCHEMA
-from pipeline.dedup.store import DedupStore, Generation, TaskMarker, new_id
+from pipeline.errors import CommitError
+from pipeline.dedup.store import LEASE_RENEW_S, LEASE_S, DedupStore, Generation, TaskMarker, new_id
 from pipeline.storage import fs
 
 log = logging.getLogger(__name__)
@@ -55,28 +57,48 @@ def peak_rss_bytes() -> int:
 
 
 def run_task(output_uri: str, generation: Generation | None, task: str,
-             ran_on: dict[str, str] | None = None) -> TaskMarker:
+             ran_on: dict[str, str] | None = None, lease_s: float = LEASE_S,
+             lease_renew_s: float = LEASE_RENEW_S) -> TaskMarker:
     """Run one task and commit it; return its marker (the winner's, if another attempt
-    committed first). Raises what storage raises (the caller retries the task)."""
+    committed first). The attempt holds a lease (``lease_s`` seconds, renewed every
+    ``lease_renew_s``) from before its first file until it has committed or cleaned up.
+    Raises what storage raises, and ``CommitError`` if a file it wrote is gone or changed
+    before the commit or its lease ran low (the caller retries the task)."""
     store = DedupStore(output_uri)
     started, attempt = time.time(), new_id()
-    if task == CENTROIDS:
-        files, rows_in, found = _centroids(store, generation, attempt)
-    elif task.startswith("assign/"):
-        files, rows_in, found = _assign(store, task.split("/", 1)[1], attempt)
-    else:
-        files, rows_in, found = _bucket(store, generation, task, attempt)
-    marker = TaskMarker(task=task, generation=0 if generation is None else generation.generation,
-                        attempt_id=attempt, files=[f for f, _, _ in files],
-                        sha256={f: h for f, h, _ in files}, rows_in=rows_in, pairs=found,
-                        seconds=round(time.time() - started, 3), ran_on=ran_on or {},
-                        peak_rss_bytes=peak_rss_bytes())
-    scope = None if task == CENTROIDS or task.startswith("assign/") else generation.generation
-    if not store.commit(scope, marker):
-        for f in marker.files:
-            fs.delete_file(store.uri(f))
-        return store.marker(scope, task)
-    return marker
+    lease = store.lease(task, attempt, lease_s, lease_renew_s)
+    try:
+        if task == CENTROIDS:
+            files, rows_in, found = _centroids(store, generation, attempt)
+        elif task.startswith("assign/"):
+            files, rows_in, found = _assign(store, task.split("/", 1)[1], attempt)
+        else:
+            files, rows_in, found = _bucket(store, generation, task, attempt)
+        marker = TaskMarker(task=task,
+                            generation=0 if generation is None else generation.generation,
+                            attempt_id=attempt, files=[f for f, _, _ in files],
+                            sha256={f: h for f, h, _ in files}, rows_in=rows_in, pairs=found,
+                            seconds=round(time.time() - started, 3), ran_on=ran_on or {},
+                            peak_rss_bytes=peak_rss_bytes())
+        scope = None if task == CENTROIDS or task.startswith("assign/") \
+            else generation.generation
+        try:
+            won = store.commit(scope, marker, lease)
+        except CommitError:
+            _discard(store, marker.files)        # the attempt fails; a retry writes anew
+            raise
+        if not won:
+            _discard(store, marker.files)
+            return store.marker(scope, task)
+        return marker
+    finally:
+        lease.release()
+
+
+def _discard(store: DedupStore, files: list[str]) -> None:
+    """Delete an attempt's own files (those already gone are skipped)."""
+    for f in files:
+        fs.delete_file(store.uri(f))
 
 
 def _bucket(store: DedupStore, gen: Generation, task: str, attempt: str):

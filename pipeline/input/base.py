@@ -23,8 +23,9 @@ temporary file that is deleted when the next batch is requested, so disk use is 
 of videos).
 
 Confinement (``pipeline.input.confine``): every local or object-store read - media, sidecars,
-manifest rows (against the roots plus the manifest's own directory), shards - is checked
-against ``Datasource.roots``; a refused one is an ``outside_input_root`` (or
+manifest rows (against the roots, plus the directory of a manifest that ``source.uri``
+names itself), shards - is checked against ``Datasource.roots``; a refused one (outside
+the roots, or hidden below them: ``source.allow_hidden``) is an ``outside_input_root`` (or
 ``not_a_file``) row without bytes. A ``.json`` sidecar/member over ``MAX_JSON_BYTES`` or
 nested deeper than ``MAX_JSON_DEPTH`` is one error row.
 """
@@ -97,7 +98,8 @@ class Datasource:
         """What this source may read (``pipeline.input.confine``): ``source.uri`` and
         ``source.allowed_roots`` (resolved on first use, on the reading worker)."""
         if self._roots is None:
-            self._roots = InputRoots.of_source(self.spec.uri, self.spec.allowed_roots)
+            self._roots = InputRoots.of_source(self.spec.uri, self.spec.allowed_roots,
+                                               self.spec.allow_hidden)
         return self._roots
 
     def settings(self) -> dict[str, Any]:
@@ -111,7 +113,10 @@ class Datasource:
     def plan_metadata(self) -> dict[str, str]:
         """What planning learned, stored in the plan once ``list_inputs`` is exhausted and
         handed to every ``Partition.plan_metadata``: ``unread_by_extension`` (JSON object,
-        extension -> objects under the input not read; ``""`` for no extension) and, for a
+        extension -> objects under the input not read; ``""`` for no extension;
+        ``"<ext> (unpaired sidecar)"`` for a sidecar without its media; ``"(fifo)"``,
+        ``"(socket)"``, ``"(character device)"``, ``"(block device)"``, ``"(dangling link)"``
+        for local entries that are not regular files) and, for a
         local input, ``input_root`` (the absolute ``source.uri`` at planning, which a
         relative ``source_uri`` is computed from: ``pipeline.input.source_uri``)."""
         meta = {"unread_by_extension": json.dumps(dict(sorted(self.unread.items())))}
@@ -119,8 +124,16 @@ class Datasource:
             meta["input_root"] = fs.normalize(self.spec.uri)
         return meta
 
-    def _skip(self, uri: str) -> None:
-        self.unread[fs.display_uri(posixpath.splitext(uri)[1].lower())] += 1
+    def _skip(self, uri: str, why: str | None = None) -> None:
+        """Count ``uri`` as not read: by its extension, or ``"<ext> (<why>)"`` when it was
+        not read for another reason than its extension (an unpaired sidecar)."""
+        ext = fs.display_uri(posixpath.splitext(uri)[1].lower())
+        self.unread[f"{ext} ({why})" if why else ext] += 1
+
+    def _skip_kind(self, uri: str, kind: str) -> None:
+        """Count a listed entry that is not a regular file (``fs.list_files``'s
+        ``skipped``: a FIFO, socket, device, dangling link) as ``"(<kind>)"``."""
+        self.unread[f"({kind})"] += 1
 
     def extra_fields(self, partition: Partition) -> list[pa.Field]:
         """Arrow fields of carried (undeclared, per-input) columns; default none."""

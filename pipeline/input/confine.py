@@ -3,9 +3,14 @@
 A job's input is written by strangers: a manifest row may name ``/etc/passwd``,
 ``../../secrets``, ``file:///proc/self/environ`` or another bucket's object, and a
 ``files`` input may hold a symlink out of it. ``InputRoots`` says what may be read:
-``source.uri``, each manifest's own directory or prefix (``with_root``) and
-``source.allowed_roots``. Local paths are compared by real path (symlinks resolved, ``..``
-collapsed: ``os.path.realpath``), and checked again on the file actually opened
+``source.uri``, ``source.allowed_roots`` and, for a manifest that ``source.uri`` names
+itself, that manifest's directory or prefix (``manifest_root``, ``with_root``; never a
+bucket root or ``/``: a stranger's manifest there would open the whole bucket or disk).
+Hidden files and folders (a path component starting with ``.`` below the root, e.g.
+``.aws/credentials``, ``.ssh/id_rsa``, ``.ray/auth_token``) are refused under every root
+unless ``source.allow_hidden`` (a root that is itself hidden, declared in
+``source.allowed_roots``, admits what is below it). Local paths are compared by real path
+(symlinks resolved, ``..`` collapsed: ``os.path.realpath``), and checked again on the file actually opened
 (``/proc/self/fd``), so a symlink swapped in between the check and the open does not
 escape. S3 keys are compared by bucket and prefix (a key with a ``.`` or ``..`` segment
 is refused: stores differ on whether they collapse it). ``file://`` URIs in manifest rows
@@ -26,9 +31,9 @@ import posixpath
 import stat
 from collections.abc import Iterable
 
+from pipeline.records import ErrorReason, RowError
 from pipeline.storage import fs, s3
 from pipeline.storage.http import lower_scheme
-from pipeline.records import ErrorReason, RowError
 
 CHUNK_BYTES = 1 << 20  # local read size (bytes)
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
@@ -54,7 +59,8 @@ class InputRoots:
     that is neither local nor ``s3://``.
     """
 
-    def __init__(self, roots: Iterable[str]):
+    def __init__(self, roots: Iterable[str], allow_hidden: bool = False):
+        self.allow_hidden = allow_hidden
         local, remote = [], []
         for root in roots:
             root = lower_scheme(root) if "://" in root else root
@@ -69,13 +75,15 @@ class InputRoots:
         self.s3 = tuple(dict.fromkeys(remote))
 
     @classmethod
-    def of_source(cls, uri: str, allowed_roots: Iterable[str] = ()) -> InputRoots:
-        """The roots of a source: ``source.uri`` and ``source.allowed_roots``."""
-        return cls([uri, *allowed_roots])
+    def of_source(cls, uri: str, allowed_roots: Iterable[str] = (),
+                  allow_hidden: bool = False) -> InputRoots:
+        """The roots of a source: ``source.uri`` and ``source.allowed_roots``;
+        ``allow_hidden``: ``source.allow_hidden`` (see the module docstring)."""
+        return cls([uri, *allowed_roots], allow_hidden)
 
     def with_root(self, uri: str) -> InputRoots:
         """These roots plus ``uri`` (e.g. a manifest's directory)."""
-        out = InputRoots(())
+        out = InputRoots((), self.allow_hidden)
         extra = InputRoots([uri])
         out.local = tuple(dict.fromkeys(self.local + extra.local))
         out.s3 = tuple(dict.fromkeys(self.s3 + extra.s3))
@@ -91,12 +99,32 @@ class InputRoots:
                         f"(add a root to source.allowed_roots to read it)")
 
     def contains_real(self, real: str) -> bool:
-        """True if the real local path ``real`` is under a local root."""
-        return any(_under(real, root) for root in self.local)
+        """True if the real local path ``real`` is under a local root (and, unless
+        ``allow_hidden``, not hidden below it: ``_admits``)."""
+        return self._admits(real, self.local) is None
+
+    def _admits(self, path: str, roots: tuple[str, ...]) -> str | None:
+        """None if ``path`` is under one of ``roots`` with no hidden component below that
+        root (any component, with ``allow_hidden``), else why not."""
+        under = [root for root in roots if _under(path, root)]
+        if not under:
+            return "outside the input roots"
+        if self.allow_hidden:
+            return None
+        hidden = None
+        for root in under:
+            below = path[len(root.rstrip("/")):].strip("/")
+            found = next((c for c in below.split("/") if c.startswith(".")), None)
+            if found is None:
+                return None
+            hidden = hidden or found
+        return (f"hidden file or folder {hidden!r} (set source.allow_hidden: true to "
+                "read hidden paths)")
 
     def check(self, uri: str) -> RowError | None:
-        """None if ``uri`` (a local path, ``s3://`` URI) is under a root, else the
-        ``outside_input_root`` error naming it. ``file://`` is always refused; other
+        """None if ``uri`` (a local path, ``s3://`` URI) is under a root (and, unless
+        ``allow_hidden``, has no hidden component below it), else the
+        ``outside_input_root`` error naming it and why. ``file://`` is always refused; other
         schemes are left to the reader (which fails with ``read_failed``). Never raises."""
         if uri[:5].lower() == "file:":
             return self._refused(uri, "file:// URIs are not read from the input")
@@ -108,19 +136,19 @@ class InputRoots:
                 return self._refused(uri, str(e))
             if any(seg in (".", "..") for seg in key.split("/")):
                 return self._refused(uri, "'.' or '..' in an object key")
-            if any(_under(f"s3://{bucket}/{key}".rstrip("/"), root) for root in self.s3):
-                return None
-            return self._refused(uri, "outside the input roots")
+            why = self._admits(f"s3://{bucket}/{key}".rstrip("/"), self.s3)
+            return None if why is None else self._refused(uri, why)
         if "://" in uri:
             return None
         try:
             real = _real(uri)
         except (OSError, ValueError) as e:
             return self._refused(uri, f"cannot resolve: {e}")
-        if self.contains_real(real):
+        why = self._admits(real, self.local)
+        if why is None:
             return None
         shown = "" if real == os.path.abspath(uri) else f" (resolves to {fs.display_uri(real)})"
-        return self._refused(uri, f"outside the input roots{shown}")
+        return self._refused(uri, f"{why}{shown}")
 
 
 def _too_large(size: str, max_bytes: int) -> RowError:
@@ -201,7 +229,7 @@ def read_bounded(uri: str, max_bytes: int,
         if error is not None:
             return None, error
     if fs.is_local(uri):
-        return _read_local(uri, max_bytes, roots or InputRoots(["/"]))
+        return _read_local(uri, max_bytes, roots or InputRoots(["/"], allow_hidden=True))
     try:
         data = fs.read_head(lower_scheme(uri), max_bytes + 1)
     except Exception as e:  # noqa: BLE001 - a read failure is this record's error
@@ -211,6 +239,19 @@ def read_bounded(uri: str, max_bytes: int,
     return data, None
 
 
-def manifest_root(manifest_uri: str) -> str:
-    """The directory (local) or prefix (``s3://``) holding a manifest file."""
-    return posixpath.dirname(manifest_uri.rstrip("/")) or "/"
+def manifest_root(manifest_uri: str, source_uri: str) -> str | None:
+    """The implicit input root of a manifest: the directory (local) or prefix (``s3://``)
+    holding it when ``source_uri`` names that manifest file itself, else None (a manifest
+    found under a ``source.uri`` prefix is covered by that root; its own folder is not a
+    root). Never a bucket root (``s3://bucket``) or ``/``: those must be declared in
+    ``source.allowed_roots``."""
+    if fs.normalize(lower_scheme(manifest_uri)) != fs.normalize(lower_scheme(source_uri)):
+        return None
+    folder = posixpath.dirname(fs.normalize(lower_scheme(manifest_uri)).rstrip("/"))
+    if s3.is_s3(folder):
+        try:
+            _, prefix = s3.split(folder)
+        except ValueError:
+            return None
+        return folder if prefix.strip("/") else None
+    return folder if folder not in ("", "/") else None

@@ -5,7 +5,9 @@ WebDataset/img2dataset convention.
 """
 
 from __future__ import annotations
+import heapq
 import posixpath
+import unicodedata
 from collections.abc import Iterator
 from typing import Any
 from pipeline.columns import (KEY, METADATA_JSON, RAW_CAPTION, READ_ERROR, SOURCE_BYTES,
@@ -31,31 +33,62 @@ class FilesDatasource(Datasource):
         All keys of one stem ``s`` start with ``s.`` and so are contiguous in a sorted
         listing: a stem is complete (and emitted) once a key outside ``s.`` arrives, so
         only a handful of stems are ever pending, whatever the listing's size.
+
+        Stems are paired after Unicode normalisation (NFC, UAX #15): macOS writes names
+        decomposed (NFD), most other tools composed (NFC), so ``café.png`` (NFD) pairs with
+        ``café.txt`` (NFC). A name that is not NFC sorts elsewhere than its NFC form, so
+        its group waits (``odd``, a heap by NFC stem) until the listing has passed the NFC
+        stem ``s.``; it is merged into that stem's group if there is one. Non-regular
+        local entries (FIFOs, sockets, devices, dangling links) are counted as not read
+        by kind (``Datasource._skip_kind``).
         """
         exts = self.spec.media_extensions
         root = fs.normalize(self.spec.uri)
         self.unread.clear()
         pending: dict[str, dict] = {}
+        odd: dict[str, dict] = {}           # NFC stem -> the group of its non-NFC names
+        waiting: list[str] = []             # heap of the NFC stems in ``odd``
         found = 0
         last = ""
-        for entry in fs.list_files(self.spec.uri):
+
+        def emit(stem: str, group: dict | None) -> Iterator[InputItem]:
+            other = odd.pop(stem, None)
+            if other is not None:
+                group = other if group is None else {
+                    "media": group["media"] + other["media"],
+                    "side": {**other["side"], **group["side"]}}
+            if group is not None:
+                yield from self._group_items(group, root)
+
+        for entry in fs.list_files(self.spec.uri, self._skip_kind):
             if entry.uri < last:
                 raise PlanError(f"source.uri {self.spec.uri!r}: listing is not in key order")
             last = entry.uri
             for stem in [s for s in pending if not entry.uri.startswith(s + ".")]:
-                for item in self._group_items(pending.pop(stem), root):
+                for item in emit(stem, pending.pop(stem)):
+                    found += 1
+                    yield item
+            while waiting and entry.uri > waiting[0] + "." and \
+                    not entry.uri.startswith(waiting[0] + ".") and waiting[0] not in pending:
+                for item in emit(heapq.heappop(waiting), None):
                     found += 1
                     yield item
             stem, ext = posixpath.splitext(entry.uri)
-            group = pending.setdefault(stem, {"media": [], "side": {}})
+            if unicodedata.is_normalized("NFC", stem):
+                group = pending.setdefault(stem, {"media": [], "side": {}})
+            else:
+                stem = unicodedata.normalize("NFC", stem)
+                if stem not in odd:
+                    heapq.heappush(waiting, stem)
+                group = odd.setdefault(stem, {"media": [], "side": {}})
             if ext.lower() in SIDECAR_EXTENSIONS:
                 group["side"][ext.lower()] = entry.uri
             elif ext.lower() in exts:
                 group["media"].append(entry)
             else:
                 self._skip(entry.uri)
-        for group in pending.values():
-            for item in self._group_items(group, root):
+        for stem in sorted({*pending, *odd}):
+            for item in emit(stem, pending.pop(stem, None)):
                 found += 1
                 yield item
         if not found:
@@ -64,11 +97,12 @@ class FilesDatasource(Datasource):
 
     def _group_items(self, group: dict, root: str) -> Iterator[InputItem]:
         """The media of one stem with their sidecar; keys keep the extension when several
-        media share the stem (``pipeline.keys``). A sidecar without media is unread."""
+        media share the stem (``pipeline.keys``). A sidecar without media is unread, as
+        ``"<ext> (unpaired sidecar)"``."""
         caption = group["side"].get(".txt") or group["side"].get(".json")
         if not group["media"]:
             for uri in group["side"].values():
-                self._skip(uri)
+                self._skip(uri, "unpaired sidecar")
         elif caption and ".txt" in group["side"] and ".json" in group["side"]:
             self._skip(group["side"][".json"])  # the .txt is the caption
         shared = len(group["media"]) > 1

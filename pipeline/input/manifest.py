@@ -17,7 +17,7 @@ from pipeline.errors import PartitionError, PlanError
 from pipeline.storage import fs
 from pipeline.input import manifest_rows as manifest, manifest_types
 from pipeline.input.confine import InputRoots, manifest_root
-from pipeline.input.fetch import Fetcher, is_url
+from pipeline.input.fetch import Fetcher, is_url, too_large
 from pipeline.keys import escape_key, given_key, row_key
 from pipeline.records import ErrorReason, InputItem, Partition, RowError
 from pipeline.input.base import Datasource, as_text, carried_name, log, relative_to_root, resolve_media
@@ -32,7 +32,9 @@ class ManifestDatasource(Datasource):
     becomes text, with a warning in the plan and the report) and stored in the plan. A
     manifest that cannot be read at all is planned as one record, read as one error row
     naming it. A row that cannot be parsed is one error row; every planned row is one
-    output row.
+    output row. A path column that is a Hugging Face ``Image()`` struct
+    (``struct<bytes: binary, path: string>``) gives its embedded bytes (over
+    ``decode.max_bytes``: ``too_large``), else its path.
     """
 
     def __init__(self, *args, **kwargs):
@@ -109,8 +111,9 @@ class ManifestDatasource(Datasource):
         for name in ("url", "path"):
             if name in names:
                 return name
+        hint = " (e.g. 'image')" if "image" in names else ""
         raise PartitionError(f"manifest {fs.display_uri(uri)} has neither a 'url' nor a 'path' "
-                             f"column (columns: {names}); set source.path_column")
+                             f"column (columns: {names}); set source.path_column{hint}")
 
     def settings(self) -> dict[str, Any]:
         """Also the download settings that change which rows fail (not threads or
@@ -127,7 +130,10 @@ class ManifestDatasource(Datasource):
                 yield self._unreadable(item, stem, carried)
                 continue
             base = posixpath.dirname(item.uri)
-            roots = self.roots.with_root(manifest_root(item.uri))
+            # the manifest's folder is a root only for the manifest source.uri names
+            # (never a bucket root or /): pipeline.input.confine
+            folder = manifest_root(item.uri, self.spec.uri)
+            roots = self.roots.with_root(folder) if folder else self.roots
             read = 0
             seek = (manifest.RowOffset(item.row_start, item.byte_start, item.line_start)
                     if item.byte_start >= 0 else None)
@@ -158,15 +164,24 @@ class ManifestDatasource(Datasource):
                roots: InputRoots) -> Batch:
         n = rows.num_rows
         where = f"manifest {fs.display_uri(uri)}"
-        uris = [resolve_media(as_text(p), base) for p in rows.values[path_col]]
+        cells = rows.values[path_col]
+        # A Hugging Face ``Image()`` cell (struct<bytes, path>): embedded bytes are the
+        # media, else its path is (https://huggingface.co/docs/datasets/image_load).
+        embedded = {j: bytes(c["bytes"]) for j, c in enumerate(cells)
+                    if isinstance(c, dict) and isinstance(c.get("bytes"), (bytes, bytearray))}
+        cells = [c.get("path") if isinstance(c, dict) else c for c in cells]
+        uris = [resolve_media(as_text(p), base) for p in cells]
         errors: list[RowError | None] = [
             RowError(ErrorReason.READ_FAILED, f"{where}: {e}") if e is not None
-            else None if u else RowError(ErrorReason.READ_FAILED,
-                                         f"{where} row {rows.first_row + j}: no {path_col!r} value")
+            else None if u or j in embedded else RowError(
+                ErrorReason.READ_FAILED, f"{where} row {rows.first_row + j}: no {path_col!r} value")
             for j, (u, e) in enumerate(zip(uris, rows.errors))]
-        todo = [j for j in range(n) if errors[j] is None]
+        fetched: dict[int, tuple[bytes | None, RowError | None]] = {
+            j: (None, too_large(len(data), self.max_bytes)) if len(data) > self.max_bytes
+            else (data, None) for j, data in embedded.items() if errors[j] is None}
+        todo = [j for j in range(n) if errors[j] is None and j not in fetched]
         executor = fetcher.downloads() if any(is_url(uris[j]) for j in todo) else pool
-        fetched = dict(zip(todo, executor.map(lambda j: fetcher.fetch(uris[j], None, roots),
+        fetched.update(zip(todo, executor.map(lambda j: fetcher.fetch(uris[j], None, roots),
                                               todo)))
         given = (rows.values[self.spec.key_column] if self.spec.key_column else [None] * n)
         batch: Batch = {

@@ -41,6 +41,19 @@ the first non-blank row is the header (names decoded like cells; a repeated name
 than the header is an error row. JSONL: one ``json.loads`` per line (``strict=False``:
 raw control characters in strings are accepted, then cleaned); blank lines are skipped;
 a line that is not a JSON object is an error row.
+
+JSON (``.json``, or ``manifest_format: json``): what most tools write as ``.json`` - one
+JSON array of objects (pretty-printed or on one line), concatenated objects
+(``{...}{...}``, ``{...}\n{...}``), or JSON Lines. A file of at most ``DOCUMENT_LIMIT``
+bytes is decoded whole and read value by value (``json.JSONDecoder.raw_decode``): each
+top-level object is a row, each element of a top-level array is a row (an element that
+is not an object is an error row naming its index; an empty array is one error row
+saying the file holds no records), any other top-level value is an error row. Invalid
+JSON is one error row, then reading resumes at the next line that starts with ``{`` or
+``[`` (so a JSON Lines file with one bad line loses only that line). A larger file is
+read as JSON Lines (an array that large is one error row: convert it to JSON Lines,
+which streams). No row offsets are kept: a partition of a JSON file re-reads it from the
+start (at most ``DOCUMENT_LIMIT`` bytes).
 """
 
 from __future__ import annotations
@@ -64,7 +77,7 @@ from pipeline.storage import fs
 from pipeline.input import manifest_types as mt
 from pipeline.text import clean_text, decode_text, sniff_encoding
 
-_EXTENSIONS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl",
+_EXTENSIONS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".json": "json",
                ".ndjson": "jsonl"}
 
 _BUFFER_BYTES = 1 << 20
@@ -151,7 +164,8 @@ def list_manifests(uri: str, declared: str) -> list[tuple[str, int]]:
         ext = ext.lower()
         if ext in media:
             media_stems.add(stem)
-        elif (declared == "auto" and ext in _EXTENSIONS) or _EXTENSIONS.get(ext) == declared:
+        elif (declared == "auto" and ext in _EXTENSIONS) or _EXTENSIONS.get(ext) == declared \
+                or (declared == "jsonl" and ext == ".json"):  # .json read as JSON Lines
             found.append((entry.uri, entry.size_bytes))
     return [(u, n) for u, n in found
             if not (u.lower().endswith(".json") and posixpath.splitext(u)[0] in media_stems)]
@@ -306,6 +320,15 @@ class _Cursor:
         self._file = buf
         head = buf.peek(_HEAD_BYTES)[:_HEAD_BYTES]
         codec, _ = sniff_encoding(head)
+        if self.fmt == "json":
+            values = _json_document(buf, codec)
+            if values is not None:
+                self.tracked, self.at = False, _Position()
+                rows: Iterator[Any] = values
+                for _ in itertools.islice(rows, self.pos):
+                    pass
+                return rows
+            buf.seek(0)  # over DOCUMENT_LIMIT and not an array: read as JSON Lines
         self.tracked = codec.startswith("utf-8") and (b"\n" in head or b"\r" not in head)
         if self.tracked:
             if self.fmt == "csv" and (not self.names or self.at.byte == 0):
@@ -323,8 +346,8 @@ class _Cursor:
                                     newline="" if self.fmt == "csv" else "\n")
             self._file, self.at = text, _Position()
             lines, skip = _text_lines(text, self.at), self.pos
-        if self.fmt == "jsonl":
-            rows: Iterator[Any] = _json_lines(lines, self.at)
+        if self.fmt in ("jsonl", "json"):
+            rows = _json_lines(lines, self.at)
         else:
             rows = _csv_records(lines, self.at)
             if not self.tracked:
@@ -360,9 +383,87 @@ class _Cursor:
         self._file, self._rows = None, None
 
 
-def _parse_json(line: str) -> tuple[dict[str, Any] | None, str | None]:
+#: The largest ``.json`` manifest decoded whole (bytes): JSON arrays and concatenated
+#: objects have no line to stream by; a larger file is read as JSON Lines.
+DOCUMENT_LIMIT = LINE_LIMIT
+_DECODER = json.JSONDecoder(strict=False)
+_RESYNC = re.compile(r"\n[ \t\r]*(?=[\[{])")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parsed:
+    """One row of a JSON document: the parsed object, or why there is none."""
+
+    obj: dict[str, Any] | None
+    why: str | None
+
+
+def _json_document(buf: io.BufferedReader, codec: str) -> Iterator[tuple[int, _Parsed]] | None:
+    """The rows of a JSON document (module docstring, JSON) as ``(line, _Parsed)``, or
+    None when the file is over ``DOCUMENT_LIMIT`` bytes and does not start with ``[`` (the
+    caller reads it as JSON Lines)."""
+    raw = buf.read(DOCUMENT_LIMIT + 1)
+    if len(raw) > DOCUMENT_LIMIT:
+        if not raw.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
+            return None
+        return iter([(1, _Parsed(None, f"a JSON array of more than {DOCUMENT_LIMIT} bytes "
+                                       "(not read): write it as JSON Lines, which streams"))])
+    if codec.startswith("utf-8"):
+        text = raw.decode("utf-8", "surrogateescape").removeprefix("\ufeff")
+    else:
+        text = raw.decode(codec, "replace")
+    return _document_values(text)
+
+
+def _document_values(text: str) -> Iterator[tuple[int, _Parsed]]:
+    pos, line, counted = 0, 1, 0
+    end = len(text)
+    while True:
+        while pos < end and text[pos] in " \t\r\n":
+            pos += 1
+        if pos >= end:
+            return
+        line += text.count("\n", counted, pos)
+        counted = pos
+        try:
+            value, stop = _DECODER.raw_decode(text, pos)
+        except (ValueError, RecursionError) as e:
+            yield line, _Parsed(None, f"invalid JSON: {str(e)[:200]}")
+            found = _RESYNC.search(text, pos)
+            pos = found.end() if found else end
+            continue
+        piece = text[pos:stop]
+        pos = stop
+        if not isinstance(value, list):
+            yield line, _Parsed(*_record(value, piece))
+        elif not value:
+            yield line, _Parsed(None, "an empty JSON array: the file holds no records")
+        else:
+            for i, element in enumerate(value):
+                obj, why = _record(element, piece)
+                yield line, _Parsed(obj, why and f"element {i} of the JSON array: {why}")
+
+
+def _record(obj: Any, text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """``(object, None)`` if ``obj`` is a JSON object, else ``(None, why)``; ``text``: the
+    JSON it was parsed from (surrogateescape'd bytes in it: top-level strings holding
+    them become those bytes)."""
+    if not isinstance(obj, dict):
+        kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+            type(obj), "number")
+        return None, f"not a JSON object but {'an' if kind == 'array' else 'a'} {kind}"
+    if not text.isascii() and _ESCAPED.search(text):
+        obj = {_escaped_text(k) if _ESCAPED.search(k) else k: _escaped_bytes(v)
+               for k, v in obj.items()}
+    return obj, None
+
+
+def _parse_json(line: str | _Parsed) -> tuple[dict[str, Any] | None, str | None]:
     """``(object, None)`` for a JSON object line, else ``(None, why)``. On a line that
-    was not valid UTF-8, top-level strings holding such bytes become those bytes."""
+    was not valid UTF-8, top-level strings holding such bytes become those bytes. A row
+    of a JSON document (``_Parsed``) is already parsed."""
+    if isinstance(line, _Parsed):
+        return line.obj, line.why
     if line == TOO_LONG:
         return None, f"line longer than {LINE_LIMIT} bytes (not read)"
     try:
@@ -371,10 +472,7 @@ def _parse_json(line: str) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"invalid JSON: {str(e)[:200]}"
     if not isinstance(obj, dict):
         return None, f"not a JSON object but {type(obj).__name__}"
-    if not line.isascii() and _ESCAPED.search(line):
-        obj = {_escaped_text(k) if _ESCAPED.search(k) else k: _escaped_bytes(v)
-               for k, v in obj.items()}
-    return obj, None
+    return _record(obj, line)
 
 
 def _escaped_bytes(v: Any) -> Any:
@@ -611,16 +709,17 @@ def _read_parquet(uri: str, start: int, stop: int, used: list[str],
         names = tuple(pf.schema_arrow.names)
         # At least one column, so that batches carry their row count.
         wanted = [c for c in names if c in used or c in carried] or list(names[:1])
-        index = {pf.metadata.schema.column(i).path.split(".")[0]: i
-                 for i in range(pf.metadata.num_columns)}
+        index: dict[str, list[int]] = {}  # column -> its leaf columns (a struct has several)
+        for i in range(pf.metadata.num_columns):
+            index.setdefault(pf.metadata.schema.column(i).path.split(".")[0], []).append(i)
         offset = 0
         for g in range(pf.num_row_groups):
             meta = pf.metadata.row_group(g)
             row, offset = offset, offset + meta.num_rows
             if not meta.num_rows or offset <= start or row >= stop:
                 continue
-            size = sum(meta.column(index[c]).total_uncompressed_size
-                       for c in wanted if c in index)
+            size = sum(meta.column(i).total_uncompressed_size
+                       for c in wanted for i in index.get(c, ()))
             lo, hi = max(start, row), min(stop, offset)
             if size > ROW_GROUP_LIMIT:
                 message = (f"Parquet row group {g} holds {size} bytes in the columns read, "

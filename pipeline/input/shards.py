@@ -6,9 +6,11 @@ uncompressed or gzip-compressed (recognised here by the gzip magic bytes ``1f 8b
 by the name); a *sample* is the run of consecutive members sharing a *key*. A
 member's key is its path up to the first ``.`` of its basename (directories kept:
 ``a/b/x.seg.png`` -> key ``a/b/x``) and its *extension* is the rest, lower-cased
-(``seg.png``). Directories, links and other non-regular members are skipped, and so are
-regular members whose basename has no ``.`` or starts with one (no key or no extension;
-``webdataset`` skips them too).
+(``seg.png``). Directories are skipped, and so are members whose basename has no ``.``
+or starts with one (no key or no extension; ``webdataset`` skips them too). A hard or
+symbolic link to a member of the same shard is read as that member; any other
+non-regular member (a device, a FIFO, a link outside the shard or to nothing in it)
+makes its sample a ``not_a_file`` row naming the kind.
 
 Reading (``read_shard``) never raises for a bad shard; every problem becomes a row:
 
@@ -21,6 +23,8 @@ Reading (``read_shard``) never raises for a bad shard; every problem becomes a r
 - a gzip shard whose gzip stream is cut short or corrupt past its first tar member ->
   the same: the samples wholly before the cut, then ONE ``truncated_shard`` row naming
   the compressed byte where the gzip stream stopped and the tar member/byte it cut;
+- a shard past a cap (``ShardCaps``: members, member bytes) -> the samples wholly before
+  the cap, then ONE ``too_large`` row with the shard key naming the cap;
 - a shard that is missing, unreadable or not a tar (nor a gzip-compressed tar, e.g. a
   corrupt gzip header) -> ONE ``read_failed`` row with that same key.
 
@@ -108,10 +112,104 @@ class _Member:
     info: tarfile.TarInfo
     key: str
     ext: str
+    data: tarfile.TarInfo | None = None   # whose bytes: ``info``, or a link's target
+    problem: str | None = None            # why it cannot be read (not a regular file)
+
+    def __post_init__(self):
+        if self.data is None and self.problem is None:
+            self.data = self.info
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardCaps:
+    """Per-shard caps (``source.webdataset``): ``max_members`` tar members of any kind,
+    ``max_bytes`` bytes of member data (decompressed for gzip) and of a staged copy."""
+
+    max_members: int = 100_000
+    max_bytes: int = 16 * 2**30
+
+
+class _Cap(str):
+    """A cut that is a cap reached (``too_large``), not a truncation."""
+
+
+_KINDS = {tarfile.CHRTYPE: "a character device", tarfile.BLKTYPE: "a block device",
+          tarfile.FIFOTYPE: "a FIFO", tarfile.DIRTYPE: "a directory"}
+_MAX_LINK_HOPS = 8
+
+
+def _norm(name: str) -> str:
+    return posixpath.normpath(name.lstrip("/")) if name else name
+
+
+def _resolve(info: tarfile.TarInfo, by_name: dict[str, tarfile.TarInfo],
+             stream: bool) -> tuple[tarfile.TarInfo | None, str | None]:
+    """``(regular member whose bytes ``info`` stands for, None)`` or ``(None, why not)``.
+    A hard link names an archive path, a symbolic link a path relative to its own folder
+    (GNU tar; https://www.gnu.org/software/tar/manual/html_node/Standard.html); either
+    resolves only to a member of the same shard (chains up to ``_MAX_LINK_HOPS``). In a
+    gzip shard (read as a stream) the target must come before the link."""
+    start = info
+    for _ in range(_MAX_LINK_HOPS + 1):
+        if info.isreg():
+            if stream and info.offset > start.offset:
+                return None, (f"a link to '{info.name}', a later member (a gzip shard is "
+                              "read as a stream: only earlier members resolve)")
+            return info, None
+        if not (info.islnk() or info.issym()):
+            return None, _KINDS.get(info.type, f"a member of tar type {info.type!r}")
+        kind = "hard link" if info.islnk() else "symbolic link"
+        target = info.linkname if info.islnk() else posixpath.join(
+            posixpath.dirname(info.name), info.linkname)
+        if info.linkname.startswith("/") or _norm(target).split("/")[0] == "..":
+            return None, f"a {kind} to '{info.linkname}', outside the shard"
+        found = by_name.get(_norm(target))
+        if found is None or found is info:
+            return None, f"a {kind} to '{info.linkname}', which is not a member of the shard"
+        info = found
+    return None, f"a chain of more than {_MAX_LINK_HOPS} links"
+
+
+def _members(infos: list[tarfile.TarInfo], stream: bool) -> list[_Member]:
+    """The key-bearing members of ``infos`` (headers in tar order): regular files, and
+    links resolved to a regular member of the shard; any other kind (a device, a FIFO, a
+    link that does not resolve) is kept with its ``problem`` (the sample is an error
+    row). Directories and members without a key are skipped."""
+    by_name = {_norm(i.name): i for i in infos}
+    out = []
+    for info in infos:
+        if info.isdir():
+            continue
+        split = split_member_name(info.name)
+        if split is None:
+            continue
+        if info.isreg():
+            out.append(_Member(info, *split))
+            continue
+        target, problem = _resolve(info, by_name, stream)
+        out.append(_Member(info, *split, data=target, problem=problem))
+    return out
+
+
+def _over_cap(info: tarfile.TarInfo, count: int, total: int,
+              caps: ShardCaps | None) -> _Cap | None:
+    """The cut at ``info`` (the ``count``-th member, ``total`` member bytes up to and
+    including it) when it passes a cap, else None."""
+    if caps is None:
+        return None
+    if count > caps.max_members:
+        return _Cap(f"more than source.webdataset.max_members={caps.max_members} members "
+                    f"(stopped at member '{info.name}'; the rest of the shard is not read)")
+    if total > caps.max_bytes:
+        return _Cap(f"more than source.webdataset.max_bytes={caps.max_bytes} bytes of "
+                    f"members (stopped at member '{info.name}'; the rest of the shard is "
+                    "not read)")
+    return None
 
 
 def read_shard(uri: str, temp_dir: str | None = None,
-               max_member_bytes: int | None = None) -> Iterator[ShardSample]:
+               max_member_bytes: int | None = None,
+               caps: ShardCaps | None = None) -> Iterator[ShardSample]:
     """Yield the samples of the WebDataset shard ``uri`` (local path, ``file://`` or
     ``s3://``), in the order of each sample's first member.
 
@@ -152,6 +250,17 @@ def read_shard(uri: str, temp_dir: str | None = None,
       when a member's header size is over ``max_member_bytes`` (None: no limit): the
       member is never read, the sample is one error row.
 
+    - ``too_large: <uri>: more than source.webdataset.max_members=N members (stopped at
+      member '<name>'; ...); K complete samples kept; incomplete sample '<key>' dropped``
+      (or ``max_bytes``: member bytes, decompressed) when the shard passes one of
+      ``caps`` (None: no caps): the samples wholly before the cap are yielded, then this
+      one row (the last); the rest of the shard is not read. An object-store shard
+      larger than ``caps.max_bytes`` is not staged: one ``too_large`` row.
+    - ``not_a_file: key '<key>' in shard <uri>: member '<name>' is a FIFO (not read)``
+      (a character/block device, a link outside the shard or to no member of it): the
+      sample is one error row. Hard and symbolic links to a member of the same shard are
+      read as that member (``_resolve``).
+
     ``<uri>`` in messages is ``fs.display_uri(uri)`` (valid UTF-8 text). Raises nothing
     for bad shards; programming errors (e.g. a bad ``temp_dir`` propagating from the OS)
     may still raise ``OSError``.
@@ -160,6 +269,13 @@ def read_shard(uri: str, temp_dir: str | None = None,
     name = fs.display_uri(uri)
     with contextlib.ExitStack() as stack:
         try:
+            if caps is not None and not fs.is_local(uri):
+                staged_size = fs.file_size(uri)
+                if staged_size is not None and staged_size > caps.max_bytes:
+                    yield _error_row(uri, shard_key, ErrorReason.TOO_LARGE,
+                                     f"{name}: {staged_size} bytes > source.webdataset."
+                                     f"max_bytes={caps.max_bytes} (not staged)")
+                    return
             path = stack.enter_context(fs.staged(uri, temp_dir))
             size = os.path.getsize(path)
             with open(path, "rb") as f:
@@ -180,36 +296,41 @@ def read_shard(uri: str, temp_dir: str | None = None,
             yield _error_row(uri, shard_key, ErrorReason.READ_FAILED, f"{name}: {exc}")
             return
         if compressed:
-            yield from _gz_samples(uri, shard_key, path, size, max_member_bytes)
+            yield from _gz_samples(uri, shard_key, path, size, max_member_bytes, caps)
         else:
-            yield from _samples(uri, shard_key, tf, size, max_member_bytes)
+            yield from _samples(uri, shard_key, tf, size, max_member_bytes, caps)
 
 
-def _scan(tf: tarfile.TarFile, size: int) -> tuple[list[_Member], str | None, str | None]:
+def _scan(tf: tarfile.TarFile, size: int,
+          caps: ShardCaps | None = None) -> tuple[list[_Member], str | None, str | None]:
     """Scan headers: ``(complete members, cut description or None, name of the member
-    being cut or None)``. A non-None description means the shard is truncated/corrupt."""
-    members: list[_Member] = []
+    being cut or None)``. A non-None description means the shard is truncated/corrupt,
+    or (a ``_Cap``) past one of ``caps``."""
+    infos: list[tarfile.TarInfo] = []
     last_name: str | None = None
+    total = 0
     try:
         while True:
             info = tf.next()
             if info is None:
                 break
+            total += info.size
+            cap = _over_cap(info, len(infos) + 1, total, caps)
+            if cap is not None:
+                return _members(infos, False), cap, info.name
             if info.offset_data + info.size > size:
-                return members, f"tar ends at byte {size} inside member '{info.name}'", info.name
+                return (_members(infos, False),
+                        f"tar ends at byte {size} inside member '{info.name}'", info.name)
             last_name = info.name
-            if not info.isreg():
-                continue
-            split = split_member_name(info.name)
-            if split is not None:
-                members.append(_Member(info, *split))
+            infos.append(info)
     except (tarfile.ReadError, EOFError) as exc:
         after = f" after member '{last_name}'" if last_name else ""
-        return members, f"tar ends or breaks at byte {size}{after} ({exc})", None
+        return _members(infos, False), f"tar ends or breaks at byte {size}{after} ({exc})", None
     # tarfile stops silently at a cut or invalid header past the first member: check
     # that what follows the last member is the end-of-archive marker (a zero block).
     tf.fileobj.seek(tf.offset)
-    return (members, *_classify_end(tf.fileobj.read(BLOCK), size, tf.offset, last_name))
+    return (_members(infos, False),
+            *_classify_end(tf.fileobj.read(BLOCK), size, tf.offset, last_name))
 
 
 def _classify_end(block: bytes, size: int, offset: int,
@@ -245,6 +366,7 @@ class _Plan:
     members: list[_Member]              # complete members, the cut sample's removed
     by_key: dict[str, list[int]]        # key -> positions in ``members``, first-member order
     problems: dict[str, str]            # bad key -> why
+    not_files: set[str]                 # bad keys with a member that is not a file
     kept: int                           # good samples
     dropped: str | None                 # key of the sample being cut, if any
 
@@ -265,7 +387,13 @@ def _plan(members: list[_Member], cut: str | None, cut_name: str | None) -> _Pla
     for pos, m in enumerate(members):
         by_key.setdefault(m.key, []).append(pos)
     problems: dict[str, str] = {}
+    not_files: set[str] = set()
     for key, positions in by_key.items():
+        odd = next((members[p] for p in positions if members[p].problem), None)
+        if odd is not None:
+            problems[key] = f"member '{odd.info.name}' is {odd.problem} (not read)"
+            not_files.add(key)
+            continue
         seen: set[str] = set()
         for pos in positions:
             ext = members[pos].ext
@@ -277,17 +405,19 @@ def _plan(members: list[_Member], cut: str | None, cut_name: str | None) -> _Pla
             if positions != list(range(positions[0], positions[0] + len(positions))):
                 problems[key] = ("members not contiguous (positions "
                                  f"{', '.join(map(str, positions))})")
-    return _Plan(members, by_key, problems, len(by_key) - len(problems), dropped)
+    return _Plan(members, by_key, problems, not_files, len(by_key) - len(problems), dropped)
 
 
-def _bad_row(uri: str, key: str, problem: str) -> ShardSample:
-    return _error_row(uri, key, ErrorReason.BAD_SAMPLE,
-                      f"key '{key}' in shard {fs.display_uri(uri)}: {problem}")
+def _bad_row(uri: str, key: str, plan: _Plan) -> ShardSample:
+    return _error_row(uri, key, ErrorReason.NOT_A_FILE if key in plan.not_files
+                      else ErrorReason.BAD_SAMPLE,
+                      f"key '{key}' in shard {fs.display_uri(uri)}: {plan.problems[key]}")
 
 
 def _cut_row(uri: str, shard_key: str, cut: str, plan: _Plan) -> ShardSample:
     tail = f"; incomplete sample '{plan.dropped}' dropped" if plan.dropped else ""
-    return _error_row(uri, shard_key, ErrorReason.TRUNCATED_SHARD,
+    reason = ErrorReason.TOO_LARGE if isinstance(cut, _Cap) else ErrorReason.TRUNCATED_SHARD
+    return _error_row(uri, shard_key, reason,
                       f"{fs.display_uri(uri)}: {cut}; {plan.kept} complete samples kept{tail}")
 
 
@@ -317,17 +447,18 @@ def _sample(uri: str, key: str, data: dict[str, bytes | int],
 
 
 def _samples(uri: str, shard_key: str, tf: tarfile.TarFile, size: int,
-             max_bytes: int | None = None) -> Iterator[ShardSample]:
-    members, cut, cut_name = _scan(tf, size)
+             max_bytes: int | None = None,
+             caps: ShardCaps | None = None) -> Iterator[ShardSample]:
+    members, cut, cut_name = _scan(tf, size, caps)
     plan = _plan(members, cut, cut_name)
     for key, positions in plan.by_key.items():          # dicts keep first-member order
         if key in plan.problems:
-            yield _bad_row(uri, key, plan.problems[key])
+            yield _bad_row(uri, key, plan)
             continue
         try:
             data = {}
             for pos in positions:
-                data[plan.members[pos].ext] = _member_bytes(tf, plan.members[pos].info,
+                data[plan.members[pos].ext] = _member_bytes(tf, plan.members[pos].data,
                                                             max_bytes)
         except (OSError, tarfile.TarError, EOFError) as exc:
             yield _error_row(uri, shard_key, ErrorReason.READ_FAILED,
@@ -412,7 +543,8 @@ def _open_gz(path: str, last_block: list[bytes],
 
 
 def _gz_samples(uri: str, shard_key: str, path: str, size: int,
-                max_bytes: int | None = None) -> Iterator[ShardSample]:
+                max_bytes: int | None = None,
+                caps: ShardCaps | None = None) -> Iterator[ShardSample]:
     name = fs.display_uri(uri)
     last_block: list[bytes] = []
     # Pass 1: headers only (member data decompressed and skipped, never kept).
@@ -420,7 +552,7 @@ def _gz_samples(uri: str, shard_key: str, path: str, size: int,
     try:
         with _open_gz(path, last_block, holder) as tf:
             src = holder[0]
-            members, cut, cut_name = _scan_stream(tf, src, last_block)
+            members, cut, cut_name = _scan_stream(tf, src, last_block, caps)
             if cut is None:
                 src_error = _drain(src)
                 if src_error is not None:   # e.g. CRC mismatch: some bytes are wrong
@@ -437,7 +569,7 @@ def _gz_samples(uri: str, shard_key: str, path: str, size: int,
     except (OSError, ValueError) as exc:
         yield _error_row(uri, shard_key, ErrorReason.READ_FAILED, f"{name}: {exc}")
         return
-    if cut is not None:
+    if cut is not None and not isinstance(cut, _Cap):
         cut = src.describe(size) + cut
     plan = _plan(members, cut, cut_name)
 
@@ -447,6 +579,14 @@ def _gz_samples(uri: str, shard_key: str, path: str, size: int,
         by_offset = {m.info.offset: pos for pos, m in enumerate(plan.members)}
         last_needed = max(p[-1] if k not in plan.problems else p[0]
                           for k, p in plan.by_key.items())
+        # link targets of good samples: their bytes are held from the target (always
+        # earlier in the stream) until the last link to them is read
+        refs: dict[int, int] = {}
+        for k, p in plan.by_key.items():
+            for m in (plan.members[i] for i in p if k not in plan.problems):
+                if m.data is not m.info:
+                    refs[m.data.offset] = refs.get(m.data.offset, 0) + 1
+        held: dict[int, bytes | int] = {}
         data: dict[str, bytes | int] = {}
         key = "?"
         try:
@@ -454,6 +594,8 @@ def _gz_samples(uri: str, shard_key: str, path: str, size: int,
             with _open_gz(path, [], holder2) as tf:
                 for info in tf:
                     pos = by_offset.get(info.offset)
+                    if info.offset in refs:
+                        held[info.offset] = _member_bytes(tf, info, max_bytes)
                     if pos is None:
                         continue
                     member = plan.members[pos]
@@ -461,12 +603,19 @@ def _gz_samples(uri: str, shard_key: str, path: str, size: int,
                     positions = plan.by_key[key]
                     if key in plan.problems:
                         if pos == positions[0]:
-                            yield _bad_row(uri, key, plan.problems[key])
+                            yield _bad_row(uri, key, plan)
+                    elif member.data is member.info:
+                        data[member.ext] = (held[info.offset] if info.offset in held
+                                            else _member_bytes(tf, info, max_bytes))
                     else:
-                        data[member.ext] = _member_bytes(tf, info, max_bytes)
-                        if pos == positions[-1]:
-                            yield _sample(uri, key, data, max_bytes)
-                            data = {}
+                        target = member.data.offset
+                        data[member.ext] = held[target]
+                        refs[target] -= 1
+                        if not refs[target]:
+                            del refs[target], held[target]
+                    if key not in plan.problems and pos == positions[-1]:
+                        yield _sample(uri, key, data, max_bytes)
+                        data = {}
                     if pos == last_needed:
                         break
                 else:
@@ -480,22 +629,27 @@ def _gz_samples(uri: str, shard_key: str, path: str, size: int,
         yield _cut_row(uri, shard_key, cut, plan)
 
 
-def _scan_stream(tf: tarfile.TarFile, src: _GzipSource,
-                 last_block: list[bytes]) -> tuple[list[_Member], str | None, str | None]:
+def _scan_stream(tf: tarfile.TarFile, src: _GzipSource, last_block: list[bytes],
+                 caps: ShardCaps | None = None
+                 ) -> tuple[list[_Member], str | None, str | None]:
     """``_scan`` for a stream-mode tar: ``(complete members, cut description or None,
-    name of the member being cut or None)``. Byte offsets are decompressed tar bytes."""
-    members: list[_Member] = []
+    name of the member being cut or None)``. Byte offsets are decompressed tar bytes.
+    Past a cap the stream is not decompressed further."""
+    infos: list[tarfile.TarInfo] = []
     last: tarfile.TarInfo | None = None
     failure: str | None = None
+    total_bytes = 0
     try:
         for info in iter(tf.next, None):
+            total_bytes += info.size
+            cap = _over_cap(info, len(infos) + 1, total_bytes, caps)
+            if cap is not None:
+                return _members(infos, True), cap, info.name
             last = info
-            if info.isreg():
-                split = split_member_name(info.name)
-                if split is not None:
-                    members.append(_Member(info, *split))
+            infos.append(info)
     except tarfile.ReadError as exc:
         failure = str(exc)
+    members = _members(infos, True)
     total = src.delivered
     after = f" after member '{last.name}'" if last is not None else ""
     if last is not None and src.done and last.offset_data + last.size > total:

@@ -24,7 +24,9 @@ class WebDatasetDatasource(Datasource):
     the sample's key in its shard (WebDataset's ``__key__``; unique across shards only if
     the shards' keys are, as img2dataset writes them); ``source_uri`` is
     ``<shard>#<key>.<ext>`` (the shard as ``pipeline.input.source_uri`` writes a URI). Bad
-    samples and truncated shards become error rows (``pipeline.input.shards.read_shard``)."""
+    samples and truncated shards become error rows (``pipeline.input.shards.read_shard``);
+    so does the rest of a shard past ``source.webdataset.max_members``/``max_bytes`` (one
+    ``too_large`` row after the samples read before the cap)."""
 
     writes = Datasource.writes + (METADATA_JSON,)
     member_uris = True
@@ -49,7 +51,7 @@ class WebDatasetDatasource(Datasource):
             yield InputItem(uri=fs.normalize(self.spec.uri), size_bytes=size)
             return
         found = 0
-        for entry in fs.list_files(self.spec.uri):
+        for entry in fs.list_files(self.spec.uri, self._skip_kind):
             if webdataset.is_shard_name(entry.uri):
                 found += 1
                 yield InputItem(uri=entry.uri, size_bytes=entry.size_bytes)
@@ -61,11 +63,13 @@ class WebDatasetDatasource(Datasource):
 
     def _read(self, partition, batch_size, pool, fetcher):
         rows: list[dict[str, Any]] = []
+        caps = webdataset.ShardCaps(self.spec.webdataset.max_members,
+                                    self.spec.webdataset.max_bytes)
         for item in partition.inputs:
             refused = self.roots.check(item.uri)
             samples = ([webdataset.ShardSample(webdataset.shard_error_key(item.uri), item.uri,
                                                {}, refused)] if refused is not None else
-                       webdataset.read_shard(item.uri, self.temp_dir, self.max_bytes))
+                       webdataset.read_shard(item.uri, self.temp_dir, self.max_bytes, caps))
             for sample in samples:
                 rows.append(self._row(sample))
                 if len(rows) == batch_size:

@@ -7,7 +7,8 @@ Pure: no Ray, no file or network I/O. The policy, per kind of input:
   as ``too_large`` before any pixel is decoded (Pillow's own bomb errors map there too).
 * truncated or corrupt data: an error, never a grey-filled partial image
   (``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` must stay False, its default; this module
-  never sets it).
+  never sets it). One exception: a JPEG missing only its final EOI marker whose coded
+  data is complete decodes, flag ``missing_eoi`` (rule: ``decode_image``).
 * EXIF orientation (JPEG, WebP, PNG eXIf, TIFF, AVIF) is applied; HEIF transforms are
   applied by libheif. ``width``/``height`` are the upright full-resolution size.
 * every mode ends as (H, W, 3) uint8 RGB; an embedded ICC profile (of an "L", "RGB" or
@@ -73,7 +74,7 @@ from PIL import Image, ImageFile, JpegImagePlugin
 
 from pipeline.errors import RecordError
 from pipeline.records import ErrorReason
-from pipeline.media.imageio_util import (MIME_TYPES, RASTER_FORMATS, UNSUPPORTED_IMAGE_FORMATS, composite_over_white, float_to_uint8, icc_to_srgb, int_to_uint8, sniff_format)
+from pipeline.media.imageio_util import (EXTENSION_FORMATS, FLAG_MISSING_EOI, MIME_TYPES, RASTER_FORMATS, UNSUPPORTED_IMAGE_FORMATS, composite_over_white, float_to_uint8, icc_to_srgb, int_to_uint8, jpeg_scans_complete, sniff_by_extension, sniff_format)
 
 
 @functools.cache
@@ -100,7 +101,7 @@ DEFAULT_MAX_PIXELS = 89_478_485
 # Pillow plugin names to try for a sniffed format (HEIF files can carry AVIF brands).
 _PLUGINS: dict[str, tuple[str, ...]] = {"HEIF": ("HEIF", "AVIF"), "AVIF": ("AVIF", "HEIF")}
 # Formats whose extra frames are pages / previews, not an animation.
-_NOT_ANIMATIONS = frozenset({"TIFF", "MPO", "ICO", "ICNS", "PSD", "DDS"})
+_NOT_ANIMATIONS = frozenset({"TIFF", "MPO", "ICO", "CUR", "ICNS", "PSD", "DDS", "DCX"})
 
 # EXIF Orientation tag (0x0112) -> transpose that makes the image upright. Same table as
 # PIL.ImageOps.exif_transpose.
@@ -114,6 +115,20 @@ _TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
+
+# The same transposes on an (H, W, 3) array (PIL's ROTATE_n turns counter-clockwise).
+_ORIENT_ARRAY = {
+    2: lambda a: a[:, ::-1],
+    3: lambda a: a[::-1, ::-1],
+    4: lambda a: a[::-1],
+    5: lambda a: a.transpose(1, 0, 2),
+    6: lambda a: np.rot90(a, -1),
+    7: lambda a: a[::-1, ::-1].transpose(1, 0, 2),
+    8: lambda a: np.rot90(a, 1),
+}
+
+#: Bytes of one strip copied from a Pillow image into the output array (``_pixels``).
+STRIP_BYTES = 8 * 2**20
 
 # Exceptions Pillow and its plugins raise for bad input (UnidentifiedImageError is an
 # OSError, DecompressionBombError an Exception; pillow-heif raises RuntimeError).
@@ -158,13 +173,85 @@ class DecodedImage:
 
 
 def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
-                 draft_min_side_px: int | None = None) -> DecodedImage:
+                 draft_min_side_px: int | None = None, ext: str | None = None) -> DecodedImage:
     """Decode encoded image ``data`` to a :class:`DecodedImage` (frame/page 0).
+
+    ``max_pixels``, ``draft_min_side_px``, ``ext`` and the errors raised:
+    ``_decode_image``.
+
+    A JPEG that ends without its final EOI marker (T.81 B.2.1; Pillow issue #4414) but
+    whose coded data is complete decodes to the pixels of the whole file (EOI appended),
+    with the flag ``missing_eoi``; one really cut short stays ``truncated``. The rule
+    (``_jpeg_missing_eoi``): (1) the scans present cover the whole image
+    (``imageio_util.jpeg_scans_complete``: every component; progressive: every
+    coefficient to its last refinement), and (2) the pixels do not depend on any bit
+    after the end of the file: the file decodes identically, strictly (no
+    ``LOAD_TRUNCATED_IMAGES``), without error, with EOI appended directly (libjpeg pads
+    a scan cut at a marker with zero bits) and after each of ``_EOI_PROBE_FILLS`` (4 KiB
+    of fixed pseudo-random bytes, no 0xFF). A decoder that needs a missing MCU or
+    refinement bit reads those bytes as entropy-coded data and the decodes differ (or one
+    fails); one that has every MCU only reads them as look-ahead and then skips them
+    looking for the EOI marker. (Constant fills are not enough: 0x55/0xAA read as
+    invalid Huffman codes, which libjpeg decodes as zeros, like the marker's padding.)
+    A file that ends in a lone 0xFF was cut inside a marker (or a stuffed byte) and stays
+    ``truncated`` (C01).
+    """
+    try:
+        return _decode_image(data, max_pixels=max_pixels, draft_min_side_px=draft_min_side_px,
+                             ext=ext)
+    except RecordError as err:
+        if err.reason != ErrorReason.TRUNCATED or sniff_format(data) != "JPEG":
+            raise
+        repaired = _jpeg_missing_eoi(data)
+        if repaired is None:
+            raise
+    decoded = _decode_image(repaired, max_pixels=max_pixels,
+                            draft_min_side_px=draft_min_side_px)
+    return dataclasses.replace(decoded, flags=decoded.flags + (FLAG_MISSING_EOI,))
+
+
+# Fills appended before EOI to test that a JPEG's pixels do not depend on missing bits:
+# none, and 4 KiB of bytes 0..254 (never 0xFF, a marker prefix) from two fixed seeds.
+_EOI_PROBE_FILLS = (b"",) + tuple(
+    np.random.default_rng(seed).integers(0, 255, 4096, dtype=np.uint8).tobytes()
+    for seed in (4414, 7))
+
+
+def _jpeg_missing_eoi(data: bytes) -> bytes | None:
+    """``data`` with EOI appended if its coded data is complete (rule: ``decode_image``),
+    else None. A file whose last byte is 0xFF is None: in entropy-coded data a 0xFF is
+    always followed by a stuffed 0x00 or a marker code (ITU-T T.81 B.1.1.5), so that byte
+    was cut from what followed it (C01: a progressive JPEG cut inside its EOI, ``…7b ff``);
+    a file that lacks the whole EOI marker (T3-13) ends in entropy-coded data. Decodes the
+    image three times at full size; only called for a JPEG whose header passed the
+    ``max_pixels`` check and whose strict decode failed as truncated."""
+    if data.endswith(b"\xff") or not jpeg_scans_complete(data):
+        return None
+    decodes = []
+    for fill in _EOI_PROBE_FILLS:
+        try:
+            with _open_header(data + fill + b"\xff\xd9", "JPEG") as im:
+                im.load()
+                decodes.append(np.asarray(im))
+        except DECODE_ERRORS:
+            return None
+    if not all(np.array_equal(decodes[0], other) for other in decodes[1:]):
+        return None
+    return data + b"\xff\xd9"
+
+
+def _decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
+                  draft_min_side_px: int | None = None, ext: str | None = None) -> DecodedImage:
+    """Decode encoded image ``data`` to a :class:`DecodedImage` (frame/page 0), strictly.
 
     ``max_pixels``: largest accepted ``width * height`` (header dims, pixels); the default
     is Pillow's default ``MAX_IMAGE_PIXELS``. ``draft_min_side_px``: for JPEG only, let
     libjpeg decode at 1/2, 1/4 or 1/8 scale as long as the shorter side of ``pixels`` stays
-    >= this many pixels (``width``/``height`` still report the full size).
+    >= this many pixels (``width``/``height`` still report the full size). ``ext``: the
+    source name's extension (".tga"); used only when the bytes carry no signature
+    ``sniff_format`` knows, to open a format of ``imageio_util.EXTENSION_FORMATS`` (TGA,
+    SGI, PCX, ...; ``sniff_by_extension``) with that format's plugin alone; a failure
+    then names that format ("TGA: ...").
 
     Raises ``RecordError`` whose ``reason`` is an ``ErrorReason`` value: ``empty_file`` (no
     bytes), ``not_an_image`` (HTML, text, unknown bytes), ``unsupported_format`` (SVG,
@@ -174,11 +261,11 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
     """
     if not data:
         raise RecordError(ErrorReason.EMPTY_FILE.value, "0 bytes")
-    fmt = sniff_format(data)
+    fmt = sniff_format(data) or sniff_by_extension(data, ext)
     if fmt in UNSUPPORTED_IMAGE_FORMATS:
         raise RecordError(ErrorReason.UNSUPPORTED_FORMAT.value,
                           f"{fmt.lower()}: {fmt} images are not rasterized")
-    if fmt not in RASTER_FORMATS:
+    if fmt not in RASTER_FORMATS and fmt not in EXTENSION_FORMATS:
         what = f"looks like {fmt}" if fmt else "no known image signature"
         # The message never quotes the input's bytes (they may be a secret read by mistake).
         raise RecordError(ErrorReason.NOT_AN_IMAGE.value, f"{what} ({len(data)} bytes)")
@@ -209,17 +296,15 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
                     im.draft(im.mode, (draft_min_side_px, draft_min_side_px))
             im.load()
             orientation = exif_orientation(im)
-            rgb, has_alpha, flags = _to_rgb(im)
+            pixels, has_alpha, flags = _to_rgb(im)
         except DECODE_ERRORS as exc:
             raise _record_error(exc, fmt, data) from exc
-
-    method = _TRANSPOSE.get(orientation)
-    if method is not None:
-        rgb = rgb.transpose(method)
+    # the Pillow image is closed (its pixels freed) before the orientation copy is made
+    if orientation in _ORIENT_ARRAY:
+        pixels = np.ascontiguousarray(_ORIENT_ARRAY[orientation](pixels))
         if orientation >= 5:
             width, height = height, width
-    pixels = np.array(rgb, dtype=np.uint8)  # a writable copy, (H, W, 3)
-    mime = MIME_TYPES[fmt]
+    mime = MIME_TYPES.get(fmt) or Image.MIME.get(fmt, "application/octet-stream")
     is_animated = n_frames > 1 and fmt not in _NOT_ANIMATIONS and im.format not in _NOT_ANIMATIONS
     if fmt == "PNG" and is_animated:
         mime = "image/apng"
@@ -228,13 +313,15 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
                         flags=flags)
 
 
-def decoded_size(data: bytes, draft_min_side_px: int | None = None) -> int:
+def decoded_size(data: bytes, draft_min_side_px: int | None = None,
+                 ext: str | None = None) -> int:
     """Bytes of the (H, W, 3) uint8 array ``decode_image`` would make from ``data``,
     estimated from the header alone (no pixel is decoded): width * height * 3, with a
     JPEG's draft scale applied as ``decode_image`` applies it. 0 when the header cannot be
-    read (decoding then fails with the real reason). Never raises."""
-    fmt = sniff_format(data) if data else None
-    if fmt not in RASTER_FORMATS:
+    read (decoding then fails with the real reason). ``ext``: as for ``decode_image``.
+    Never raises."""
+    fmt = (sniff_format(data) or sniff_by_extension(data, ext)) if data else None
+    if fmt not in RASTER_FORMATS and fmt not in EXTENSION_FORMATS:
         return 0
     try:
         im = _open_header(data, fmt)
@@ -306,7 +393,10 @@ def _frame_count(im: Image.Image) -> int:
     except (EOFError, OSError, SyntaxError, ValueError, struct.error):
         n = 1
     if im.tell() != 0:
-        im.seek(0)
+        try:
+            im.seek(0)
+        except EOFError:  # a PSD without layers: frame 1 is its only (composite) image
+            pass
     return max(n, 1)
 
 
@@ -346,23 +436,46 @@ def _int_samples(im: Image.Image) -> tuple[np.ndarray, int]:
     return raw, bits
 
 
-def _to_rgb(im: Image.Image) -> tuple[Image.Image, bool, tuple[str, ...]]:
-    """Convert a loaded image of any mode to an sRGB "RGB" image composited over white.
+def _to_rgb(im: Image.Image) -> tuple[np.ndarray, bool, tuple[str, ...]]:
+    """Convert a loaded image of any mode to (H, W, 3) uint8 sRGB composited over white.
 
-    Returns ``(rgb, has_alpha, flags)`` (per-mode rules and flags: module docstring). The
-    colour part is first reduced to "L", "RGB" or "CMYK" so the embedded ICC profile can
-    be applied to the channels it describes (LAB is already sRGB after littleCMS).
-    Raises ``RecordError`` (``unsupported_format``) for a float image with no finite
-    sample.
+    Returns ``(pixels, has_alpha, flags)`` (per-mode rules and flags: module docstring).
+    The colour part is first reduced to "L", "RGB" or "CMYK" (RGBA: its colour bands, read
+    in place) so the embedded ICC profile can be applied to the channels it describes
+    (LAB is already sRGB after littleCMS). An "RGB" colour part is not copied. Raises
+    ``RecordError`` (``unsupported_format``) for a float image with no finite sample.
     """
     color, alpha, flags = _color_and_alpha(im)
-    if im.mode == "LAB":
+    icc = im.info.get("icc_profile")
+    if im.mode == "LAB" or color.mode == "RGB" and not icc:
         rgb = color
+    elif color.mode == "RGBA":
+        rgb = (icc_to_srgb(color.convert("RGB"), icc) if icc else None) or color
     else:
-        rgb = icc_to_srgb(color, im.info.get("icc_profile")) or color.convert("RGB")
-    if alpha is None:
-        return rgb, False, flags
-    return Image.fromarray(composite_over_white(np.asarray(rgb), alpha)), True, flags
+        rgb = icc_to_srgb(color, icc) or color.convert("RGB")
+    return _pixels(rgb, alpha), alpha is not None, flags
+
+
+def _pixels(rgb: Image.Image, alpha: np.ndarray | None) -> np.ndarray:
+    """A new writable (H, W, 3) uint8 array of an "RGB" or "RGBA" image's colour bands,
+    composited over white by ``alpha`` ((H, W) uint8) if given.
+
+    Copied strip by strip (``STRIP_BYTES`` of the image each): Pillow's
+    ``__array_interface__`` goes through ``tobytes`` (a second whole copy) and whole-image
+    compositing makes (H, W, 3) temporaries, so a large image cost several times its
+    array (finding 14 of round 3: a 9000x9000 RGB PNG of 258 KB peaked at 1.1 GB). Here
+    the peak is Pillow's image (4 bytes per pixel) + the array (3) + one strip.
+    """
+    width, height = rgb.size
+    out = np.empty((height, width, 3), np.uint8)
+    step = max(1, STRIP_BYTES // max(1, 4 * width))
+    for top in range(0, height, step):
+        bottom = min(height, top + step)
+        strip = np.asarray(rgb.crop((0, top, width, bottom)))[..., :3]
+        if alpha is not None:
+            strip = composite_over_white(strip, alpha[top:bottom])
+        out[top:bottom] = strip
+    return out
 
 
 def _color_and_alpha(im: Image.Image) -> tuple[Image.Image, np.ndarray | None, tuple[str, ...]]:
@@ -400,8 +513,8 @@ def _color_and_alpha(im: Image.Image) -> tuple[Image.Image, np.ndarray | None, t
         palette_alpha = mode == "P" and im.palette is not None and im.palette.mode == "RGBA"
         if mode == "P" and trns is None and not palette_alpha:
             return im.convert("RGB"), None, ()
-        rgba = im.convert("RGBA")
-        return rgba.convert("RGB"), np.asarray(rgba.getchannel("A")), ()
+        rgba = im if mode == "RGBA" else im.convert("RGBA")
+        return rgba, np.asarray(rgba.getchannel("A")), ()   # colour bands read by _pixels
     if mode == "CMYK":  # Pillow already undid Adobe's inverted CMYK in the JPEG decoder
         return im, None, ()
     if mode == "LAB":

@@ -41,6 +41,17 @@ MIME_TYPES: dict[str, str] = {
     "DDS": "image/vnd-ms.dds",
     "ICNS": "image/icns",
     "PPM": "image/x-portable-anymap",
+    "CUR": "image/x-win-bitmap",
+    "TGA": "image/x-tga",
+    "SGI": "image/sgi",
+    "PCX": "image/x-pcx",
+    "DCX": "image/x-dcx",
+    "BLP": "image/x-blp",
+    "MSP": "image/x-msp",
+    "XBM": "image/x-xbitmap",
+    "XPM": "image/x-xpixmap",
+    "DIB": "image/bmp",
+    "SUN": "image/x-sun-raster",
     "JXL": "image/jxl",
     "SVG": "image/svg+xml",
     "HTML": "text/html",
@@ -50,7 +61,14 @@ MIME_TYPES: dict[str, str] = {
 #: Sniffed formats that are raster images Pillow (plus pillow-heif) can be asked to open.
 RASTER_FORMATS = frozenset(
     {"JPEG", "PNG", "GIF", "WEBP", "TIFF", "BMP", "ICO", "HEIF", "AVIF", "JPEG2000", "PSD",
-     "QOI", "DDS", "ICNS", "PPM"}
+     "QOI", "DDS", "ICNS", "PPM", "CUR"}
+)
+
+#: Pillow formats ``sniff_format`` does not name: formats without a signature (TGA)
+#: and rare ones whose signature only Pillow's plugin checks. Such a file is opened only
+#: when its extension names the format (``sniff_by_extension``), with that one plugin.
+EXTENSION_FORMATS = frozenset(
+    {"TGA", "SGI", "PCX", "DCX", "BLP", "MSP", "XBM", "XPM", "DIB", "SUN"}
 )
 
 #: Sniffed formats that are images but that this pipeline cannot rasterize.
@@ -61,7 +79,8 @@ def sniff_format(data: bytes) -> str | None:
     """Return the format of ``data`` from its magic bytes, never from a file name.
 
     Raster formats use Pillow's format names ("JPEG", "PNG", "GIF", "WEBP", "TIFF", "BMP",
-    "ICO", "HEIF", "AVIF", "JPEG2000", "PSD", "QOI", "DDS", "ICNS", "PPM"); "JXL" is JPEG XL.
+    "ICO", "CUR", "HEIF", "AVIF", "JPEG2000", "PSD", "QOI", "DDS", "ICNS", "PPM" - PFM
+    included); "JXL" is JPEG XL.
     Non-raster documents are reported as "SVG", "HTML" or "PDF" so callers can give a
     precise error. Returns ``None`` for anything else (plain text, random bytes, empty).
     Only the first 4 KiB are inspected.
@@ -84,7 +103,7 @@ def sniff_format(data: bytes) -> str | None:
             return "BMP"
     if head[:4] in (b"\x00\x00\x01\x00", b"\x00\x00\x02\x00") and len(head) >= 6:
         if 0 < int.from_bytes(head[4:6], "little") <= 256:
-            return "ICO"
+            return "ICO" if head[2] == 1 else "CUR"   # ICONDIR type 1 icon, 2 cursor
     if head.startswith(b"\x00\x00\x00\x0cjP  \r\n\x87\n") or head.startswith(b"\xff\x4f\xff\x51"):
         return "JPEG2000"
     if head.startswith(b"\x00\x00\x00\x0cJXL \r\n\x87\n") or head.startswith(b"\xff\x0a"):
@@ -97,11 +116,31 @@ def sniff_format(data: bytes) -> str | None:
         return "DDS"
     if head[:4] == b"icns":
         return "ICNS"
-    if len(head) >= 3 and head[:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace():
+    if len(head) >= 3 and head[:1] == b"P" and head[1:2] in b"123456fF" and head[2:3].isspace():
         return "PPM"
     if head.startswith(b"%PDF-"):
         return "PDF"
     return _sniff_markup(head)
+
+
+def sniff_by_extension(data: bytes, ext: str | None) -> str | None:
+    """The format a file's extension names, for a file ``sniff_format`` found no signature
+    in: the Pillow format ``PIL.Image.registered_extensions()`` maps ``ext`` (".tga",
+    any case) to, if it is one of ``EXTENSION_FORMATS`` and that plugin's own signature
+    check (``accept`` of ``PIL.Image.OPEN``, when the format has one; TGA has none)
+    takes the first 16 bytes. None otherwise (the file stays ``not_an_image``)."""
+    if not ext:
+        return None
+    Image.init()
+    fmt = Image.registered_extensions().get(ext.lower())
+    entry = Image.OPEN.get(fmt) if fmt in EXTENSION_FORMATS else None
+    if entry is None:
+        return None
+    accept = entry[1]
+    verdict = accept(data[:16]) if accept is not None else True
+    if not verdict or isinstance(verdict, str):   # a str: the plugin's codec is missing
+        return None
+    return fmt
 
 
 def _sniff_ftyp(head: bytes) -> str | None:
@@ -174,11 +213,11 @@ def int_to_uint8(raw: np.ndarray, bits: int) -> tuple[np.ndarray, tuple[str, ...
     """
     if raw.size == 0:
         return np.zeros(raw.shape, np.uint8), ()
-    values = raw.astype(np.int64, copy=False)
-    lo, hi = int(values.min()), int(values.max())
+    lo, hi = int(raw.min()), int(raw.max())
     if bits <= 16 and lo >= 0 and hi <= (1 << bits) - 1:
-        return scale_to_uint8(values, bits), ()
-    return _minmax(values.astype(np.float64), lo, hi), (FLAG_MINMAX_SCALED,)
+        # in range: the shift in the samples' own dtype (no int64 copies of a large image)
+        return (raw >> max(0, bits - 8)).astype(np.uint8), ()
+    return _minmax(raw.astype(np.float64), lo, hi), (FLAG_MINMAX_SCALED,)
 
 
 def _minmax(values: np.ndarray, lo: float, hi: float) -> np.ndarray:
@@ -271,7 +310,80 @@ def composite_over_white(rgb: np.ndarray, alpha: np.ndarray) -> np.ndarray:
 
     ``out = (c * a + 255 * (255 - a)) / 255`` rounded half up, so alpha 0 gives exactly
     (255, 255, 255) and alpha 255 leaves the colour unchanged. Returns (H, W, 3) uint8.
+    Computed in uint16 (at most 255 * 255 + 127 = 65152), 2 bytes per sample.
     """
-    a = alpha.astype(np.uint32)[..., None]
-    out = (rgb.astype(np.uint32) * a + 255 * (255 - a) + 127) // 255
+    a = alpha.astype(np.uint16)[..., None]
+    out = rgb.astype(np.uint16) * a
+    out += 255 * (255 - a) + 127
+    out //= 255
     return out.astype(np.uint8)
+
+
+#: ``decode_flags`` value of a JPEG decoded although its final EOI marker was missing.
+FLAG_MISSING_EOI = "missing_eoi"
+
+# Start-of-frame markers (ITU-T T.81 Table B.1: SOF0..SOF15 minus DHT C4, JPG C8, DAC CC)
+# and the progressive ones among them (SOF2, SOF6, SOF10, SOF14).
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_PROGRESSIVE_SOF = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
+
+
+def jpeg_scans_complete(data: bytes) -> bool:
+    """True if the marker structure of the JPEG ``data`` (ITU-T T.81 Annex B) is whole up
+    to its last scan and its scans cover the whole image; says nothing of the entropy-coded
+    data of the last scan (``decode`` checks that by decoding).
+
+    Walks the marker segments from SOI: every segment before the last SOS must be complete
+    (a cut inside a header is False), an EOI ends the walk early (True only if the scans
+    are complete). Coverage (T.81 G.1.1): sequential - every frame component appears in
+    some scan; progressive - for every frame component and every coefficient 0..63 some
+    scan covering it has successive-approximation low bit ``Al = 0`` (its last refinement).
+    Never raises; False for anything it cannot read.
+    """
+    n, i = len(data), 2
+    components: list[int] | None = None
+    progressive = False
+    scans: list[tuple[tuple[int, ...], int, int, int]] = []   # (ids, Ss, Se, Al)
+    if not data.startswith(b"\xff\xd8"):
+        return False
+    while i < n:
+        if data[i] != 0xFF:
+            return False
+        while i < n and data[i] == 0xFF:    # fill bytes before a marker
+            i += 1
+        if i >= n:
+            break
+        marker = data[i]
+        i += 1
+        if marker == 0xD9:
+            break
+        if 0xD0 <= marker <= 0xD7 or marker == 0x01:   # RSTn, TEM: no length
+            continue
+        if i + 2 > n or i + int.from_bytes(data[i:i + 2], "big") > n:
+            return False                   # cut inside a marker segment
+        length = int.from_bytes(data[i:i + 2], "big")
+        seg = data[i + 2:i + length]
+        i += length
+        if marker in _SOF_MARKERS:
+            if len(seg) < 6 or len(seg) < 6 + 3 * seg[5]:
+                return False
+            progressive = marker in _PROGRESSIVE_SOF
+            components = [seg[6 + 3 * k] for k in range(seg[5])]
+        elif marker == 0xDA:
+            ns = seg[0] if seg else 0
+            if ns == 0 or len(seg) < 4 + 2 * ns:
+                return False
+            ids = tuple(seg[1 + 2 * k] for k in range(ns))
+            scans.append((ids, seg[1 + 2 * ns], seg[2 + 2 * ns], seg[3 + 2 * ns] & 0x0F))
+            while i < n:                    # entropy-coded data: up to a non-RST marker
+                if (data[i] == 0xFF and i + 1 < n and data[i + 1] != 0
+                        and not 0xD0 <= data[i + 1] <= 0xD7):
+                    break
+                i += 1
+    if not components or not scans:
+        return False
+    if not progressive:
+        return set(components) <= {c for ids, *_ in scans for c in ids}
+    final = {(c, k) for ids, ss, se, al in scans if al == 0
+             for c in ids for k in range(ss, min(se, 63) + 1)}
+    return all((c, k) in final for c in components for k in range(64))

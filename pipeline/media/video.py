@@ -1,23 +1,31 @@
 """Video decoding and frame sampling with PyAV (FFmpeg): probe, decode, thin to the
-sampling policy, rotate upright, thumbnails for scene sampling, and the decode bounds.
+sampling policy, apply the display matrix, thumbnails for scene sampling, the decode
+bounds, the frame budget, FFmpeg's confinement to the one file, and the near hash.
 
 Pure codec over a local file path (the datasource stages remote videos to a temporary
 file): no batches, no output. ``steps.video`` turns the result into row columns.
 """
 
 from __future__ import annotations
+
 import collections
 import dataclasses
+import errno
 import functools
 import hashlib
 import os
 import time
+import weakref
+from collections.abc import Callable
 from typing import Any
+
 import numpy as np
+from PIL import Image
+
 from pipeline.errors import RecordError
+from pipeline.media.transform import low_detail, phash64
 from pipeline.records import ErrorReason
 from pipeline.spec import VideoSpec
-
 
 MAX_PACKETS = 10_000_000   # ~46 h at 60 fps: beyond this a file is treated as looping
 
@@ -59,13 +67,18 @@ class VideoInfo:
     ``duration_s``: seconds from the first decoded frame's pts to the last decoded frame's
     pts plus that frame's duration (measured, not the header's). ``fps``: measured mean
     rate, ``frame_count / duration_s`` (0.0 if the duration is 0). ``frame_count``: frames
-    actually decoded. ``width``/``height``: display size in pixels (after rotation) of the
-    first decoded frame. ``rotation_deg``: clockwise rotation applied, 0/90/180/270.
+    actually decoded. ``width``/``height``: display size in pixels (after the display
+    matrix) of the first decoded frame, at full resolution (``frames`` are smaller when
+    flagged ``frames_downscaled``). ``rotation_deg``: clockwise rotation applied,
+    0/90/180/270, after a left-right mirror when flagged ``mirrored`` (``Orientation``).
     ``codec``: FFmpeg decoder name (e.g. ``h264``). ``container``: short container name
     (``mp4``, ``mov``, ``webm``, ``matroska``, ...), ``mime`` its MIME type.
     ``timestamps_s``: presentation times (seconds, ascending) of ``frames``, a list of
     upright (H, W, 3) uint8 RGB arrays. ``partial``: some packets failed but >= 1 frame
-    decoded; ``decode_errors``: packets (or passes) that failed.
+    decoded; ``decode_errors``: packets (or passes) that failed. ``flags``: ``mirrored``
+    (the display matrix mirrors; applied), ``display_matrix_unsupported`` (a matrix that
+    is no quarter turn or mirror, e.g. 45 degrees or a shear: frames are as coded, not as
+    a player shows them), ``frames_downscaled`` (halved to fit the frame budget).
     """
 
     duration_s: float
@@ -81,6 +94,7 @@ class VideoInfo:
     frames: list[np.ndarray]
     partial: bool
     decode_errors: int
+    flags: tuple[str, ...] = ()
 
 
 class _Thinner:
@@ -104,6 +118,13 @@ class _Thinner:
                 self.stride *= 2
         self.seen += 1
 
+    def offer(self, make: Callable[..., Any], *args: Any) -> None:
+        """``add(make(*args))``, but ``make`` is called only when the item would be kept."""
+        if self.seen % self.stride == 0:
+            self.add(make(*args))
+        else:
+            self.seen += 1
+
     def result(self) -> list[Any]:
         return thin_evenly(self.items, self.cap)
 
@@ -116,6 +137,82 @@ def thin_evenly(items: list[Any], cap: int) -> list[Any]:
     return [items[i] for i in idx]
 
 
+#: Flags (``VideoInfo.flags``, the ``decode_flags`` column).
+FLAG_MIRRORED = "mirrored"                # the display matrix mirrors: applied
+FLAG_MATRIX_UNSUPPORTED = "display_matrix_unsupported"  # not applied: coded pixels
+FLAG_DOWNSCALED = "frames_downscaled"     # frames halved to fit the frame budget
+
+#: Shortest side (pixels) the frame budget may halve a sampled frame to; a video that
+#: would need smaller frames is a ``too_large`` error row naming the budget.
+MIN_BUDGET_SIDE = 16
+
+
+class _Held:
+    """One sampled frame: presentation time ``t`` (seconds) and its RGB ``array``."""
+
+    __slots__ = ("__weakref__", "array", "t")
+
+    def __init__(self, t: float, array: np.ndarray):
+        self.t = t
+        self.array = array
+
+
+def _halved(n: int, shift: int) -> int:
+    """``n`` pixels halved ``shift`` times, rounding up (as Pillow's ``reduce(2)``)."""
+    return -(-n // (1 << shift))
+
+
+class _FrameStore:
+    """The sampled frames of one video as RGB arrays, converted as they are sampled and
+    held within ``budget`` bytes (None: unbounded).
+
+    The rule (``runtime.max_batch_bytes`` is the budget of one row): a sampled frame is
+    converted at full size while it and every frame still held (the sampler's candidates:
+    up to 2 * ``max_frames`` + 1) fit in the budget. When they would not, every held
+    frame, and every frame converted after, is halved in width and height (rounding up:
+    Pillow ``Image.reduce(2)``, a 2x2 box filter, for held frames; swscale ``area`` for new
+    ones), as often as needed; the result is flagged ``frames_downscaled``. A frame would
+    have to fall below ``MIN_BUDGET_SIDE`` pixels: ``RecordError`` (``too_large``). So
+    the frames one video holds never pass the budget, and the decoder's own YUV frames are
+    released as soon as they are converted (only the previous one is kept, by ``uniform``).
+    """
+
+    def __init__(self, budget: int | None):
+        self.budget = budget
+        self.shift = 0
+        self.live: weakref.WeakSet[_Held] = weakref.WeakSet()
+
+    def held_bytes(self) -> int:
+        """Bytes of the frames still held (a frame the sampler dropped is gone)."""
+        return sum(h.array.nbytes for h in list(self.live) if h.array is not None)
+
+    def add(self, frame, t: float) -> _Held:
+        """``frame`` (a PyAV VideoFrame) as RGB within the budget (class doc)."""
+        w, h = frame.width, frame.height
+        if self.budget is not None:
+            held = self.held_bytes()
+            while held + _halved(w, self.shift) * _halved(h, self.shift) * 3 > self.budget:
+                if min(_halved(w, self.shift + 1), _halved(h, self.shift + 1)) < MIN_BUDGET_SIDE:
+                    raise RecordError(
+                        ErrorReason.TOO_LARGE.value,
+                        f"{w}x{h} frames: the sampled frames do not fit in "
+                        f"runtime.max_batch_bytes={self.budget} even at "
+                        f"{_halved(w, self.shift)}x{_halved(h, self.shift)} pixels")
+                self.shift += 1
+                for other in list(self.live):
+                    if other.array is not None:
+                        other.array = np.asarray(Image.fromarray(other.array).reduce(2))
+                held = self.held_bytes()
+        if self.shift:
+            array = frame.reformat(width=_halved(w, self.shift), height=_halved(h, self.shift),
+                                   format="rgb24", interpolation="AREA").to_ndarray()
+        else:
+            array = frame.to_ndarray(format="rgb24")
+        held_frame = _Held(t, array)
+        self.live.add(held_frame)
+        return held_frame
+
+
 @dataclasses.dataclass(frozen=True)
 class _Limits:
     """Per-video bounds: ``max_frame_pixels`` (pixels) and ``deadline`` (``time.monotonic``
@@ -126,7 +223,7 @@ class _Limits:
     deadline: float
 
     @classmethod
-    def of(cls, spec: VideoSpec) -> "_Limits":
+    def of(cls, spec: VideoSpec) -> _Limits:
         return cls(spec.max_frame_pixels, spec.max_decode_s,
                    time.monotonic() + spec.max_decode_s)
 
@@ -154,13 +251,15 @@ def _check_stream_size(stream, limits: _Limits) -> None:
 class _Decoder:
     """One decode pass over the video stream: yields (frame, time_s) in decode order."""
 
-    def __init__(self, path: str, max_packets: int, budget_s: float, limits: _Limits):
-        self.container = _open(path)
-        self.stream = _video_stream(self.container, path)
+    def __init__(self, path: str, max_packets: int, budget_s: float, limits: _Limits,
+                 allow_playlists: bool = False):
+        self.input = _open(path, allow_playlists)
+        self.container = self.input.container
         try:
+            self.stream = _video_stream(self.container, path)
             _check_stream_size(self.stream, limits)
         except RecordError:
-            self.container.close()
+            self.input.close()
             raise
         self.errors = 0
         self.max_packets = max_packets
@@ -202,15 +301,90 @@ class _Decoder:
                 break
 
     def close(self) -> None:
-        self.container.close()
+        self.input.close()
 
 
-def _open(path: str):
-    av = av_module()
-    try:
-        return av.open(path, metadata_errors="ignore")
-    except (av.error.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
-        raise RecordError(ErrorReason.CORRUPT_CONTAINER.value, f"{type(e).__name__}: {e}") from e
+#: FFmpeg demuxers that open other files or URLs named inside the file (playlists,
+#: manifests, concatenation lists, image sequences, sessions, reference files): refused
+#: unless ``video.allow_playlists``. From FFmpeg's libavformat (hls.c, dashdec.c,
+#: concatdec.c, imfdec.c, img2dec.c, vobsub in mpeg.c, sdp/rtsp in rtsp.c, movie/amovie
+#: through lavfi, script demuxers avisynth/vapoursynth).
+REFERENCING_DEMUXERS = frozenset({
+    "hls", "applehttp", "dash", "concat", "imf", "image2", "vobsub", "sdp", "rtsp", "rtp",
+    "lavfi", "avisynth", "vapoursynth", "webm_dash_manifest"})
+
+#: ``protocol_whitelist`` for the URLs a demuxer opens besides the file itself when the
+#: file is read through a Python file object: a name no FFmpeg protocol has, so every
+#: nested open fails (FFmpeg: "Protocol '...' not on whitelist").
+_NO_PROTOCOL = "none"
+
+
+@functools.cache
+def _format_whitelist() -> str:
+    """FFmpeg's ``format_whitelist``: every demuxer name this FFmpeg build knows
+    (``av.formats_available``, each comma-separated alias on its own) but
+    ``REFERENCING_DEMUXERS``."""
+    names = {part for name in av_module().formats_available for part in name.split(",")}
+    return ",".join(sorted(names - REFERENCING_DEMUXERS))
+
+
+class _Input:
+    """One opened video: the PyAV container and the Python file object it reads.
+
+    Confined (``allow_playlists`` false, the default): FFmpeg reads ``path`` only through
+    a Python file object (custom I/O, so no FFmpeg protocol opens the file itself), with
+    ``format_whitelist`` = every demuxer but ``REFERENCING_DEMUXERS`` and
+    ``protocol_whitelist`` = ``_NO_PROTOCOL``, so a demuxer can open nothing else: an HLS
+    playlist or ffconcat list inside the input root naming a file outside it is refused
+    before any entry is read, and any other nested open (an MP4 data reference, a VobSub
+    ``.sub``) fails. ``allow_playlists``: FFmpeg opens ``path`` itself with
+    ``protocol_whitelist=file``: playlists may name other local files (not checked against
+    the input roots) and nothing on the network.
+
+    Raises ``RecordError``: ``unsupported_format`` when FFmpeg refuses the container by the
+    whitelist (EINVAL on open), ``corrupt_container`` when it cannot open it otherwise.
+    """
+
+    def __init__(self, path: str, allow_playlists: bool = False):
+        av = av_module()
+        self.file = None
+        try:
+            if allow_playlists:
+                self.container = av.open(path, metadata_errors="ignore",
+                                         container_options={"protocol_whitelist": "file"})
+            else:
+                self.file = open(path, "rb")  # noqa: SIM115 - closed by close()
+                self.container = av.open(
+                    self.file, metadata_errors="ignore",
+                    container_options={"protocol_whitelist": _NO_PROTOCOL,
+                                       "format_whitelist": _format_whitelist()})
+        except (av.error.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
+            self._close_file()
+            if not allow_playlists and getattr(e, "errno", None) == errno.EINVAL:
+                raise RecordError(
+                    ErrorReason.UNSUPPORTED_FORMAT.value,
+                    f"FFmpeg refused the container ({type(e).__name__}: {e}): a format that "
+                    f"opens other files or URLs ({', '.join(sorted(REFERENCING_DEMUXERS))}) "
+                    f"is read only with video.allow_playlists=true") from e
+            raise RecordError(ErrorReason.CORRUPT_CONTAINER.value,
+                              f"{type(e).__name__}: {e}") from e
+
+    def _close_file(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def close(self) -> None:
+        """Close the container, then the file it reads."""
+        try:
+            self.container.close()
+        finally:
+            self._close_file()
+
+
+def _open(path: str, allow_playlists: bool = False) -> _Input:
+    """``_Input(path, allow_playlists)``: the one way this module opens a video."""
+    return _Input(path, allow_playlists)
 
 
 def _is_attached_picture(stream) -> bool:
@@ -219,13 +393,12 @@ def _is_attached_picture(stream) -> bool:
 
 
 def _video_stream(container, path: str):
-    """The video stream to decode (module docstring); closes ``container`` and raises
-    ``RecordError`` (``no_video_stream``) when there is none."""
+    """The video stream to decode (module docstring); raises ``RecordError``
+    (``no_video_stream``) when there is none (the caller closes ``container``)."""
     av = av_module()
     videos = [s for s in container.streams.video if not _is_attached_picture(s)]
     if not videos:
         message = f"{_streams_summary(container)} in {path}"
-        container.close()
         raise RecordError(ErrorReason.NO_VIDEO_STREAM.value, message)
     try:
         best = container.streams.best("video")
@@ -258,11 +431,12 @@ def _frame_duration_s(frame) -> float:
 
 
 def _packet_times(path: str, max_packets: int, budget_s: float,
-                  limits: _Limits) -> tuple[list[float], int]:
+                  limits: _Limits, allow_playlists: bool = False) -> tuple[list[float], int]:
     """Demux-only pass: sorted pts (seconds) of the video packets, and demux errors.
     Raises ``RecordError`` (``too_large``, ``decode_timeout``: ``_Limits``)."""
     av = av_module()
-    container = _open(path)
+    opened = _open(path, allow_playlists)
+    container = opened.container
     try:
         stream = _video_stream(container, path)
         _check_stream_size(stream, limits)
@@ -286,19 +460,103 @@ def _packet_times(path: str, max_packets: int, budget_s: float,
                 times.append(float(packet.pts * tb))
         return sorted(times), errors
     finally:
-        container.close()
+        opened.close()
 
 
-def _rotation_k(frame) -> int:
-    """np.rot90 ``k`` (counter-clockwise quarter turns) that makes ``frame`` upright."""
-    rot = getattr(frame, "rotation", 0) or 0
-    return int(round(rot / 90.0)) % 4
+#: Largest distance of a unit-scaled display-matrix entry from -1, 0 or 1 that still
+#: counts as that value: 0.02 ~ sin(1.1 deg), the 1-degree tolerance FFmpeg's CLI
+#: autorotate uses (fftools/ffmpeg_filter.c) to call a matrix a quarter turn.
+MATRIX_TOLERANCE = 0.02
 
 
-def _to_rgb(frame, k: int) -> np.ndarray:
-    """(H, W, 3) uint8 RGB, upright, C-contiguous."""
-    a = frame.to_ndarray(format="rgb24")
-    return np.ascontiguousarray(np.rot90(a, k)) if k else a
+@dataclasses.dataclass(frozen=True)
+class Orientation:
+    """The exact pixel transform of a display matrix: one of the 8 symmetries of the
+    rectangle (turns by quarter turns, with or without a mirror).
+
+    ``swap``: rows and columns exchange (a quarter turn or a transpose); then ``flip_x``
+    mirrors left-right and ``flip_y`` top-bottom. Equivalently, the displayed picture is the
+    coded one mirrored left-right if ``mirrored``, then turned ``rotation_deg`` (0, 90,
+    180, 270) clockwise. ``IDENTITY`` changes nothing.
+    """
+
+    swap: bool = False
+    flip_x: bool = False
+    flip_y: bool = False
+    rotation_deg: int = 0
+    mirrored: bool = False
+
+    def apply(self, a: np.ndarray) -> np.ndarray:
+        """``a`` ((H, W, ...) array) as displayed, C-contiguous (``a`` itself if IDENTITY)."""
+        if self == IDENTITY:
+            return a
+        if self.swap:
+            a = a.swapaxes(0, 1)
+        if self.flip_x:
+            a = a[:, ::-1]
+        if self.flip_y:
+            a = a[::-1]
+        return np.ascontiguousarray(a)
+
+
+IDENTITY = Orientation()
+
+
+def orientation_of(matrix) -> Orientation | None:
+    """The ``Orientation`` of an FFmpeg display matrix, None if it is not one of the 8.
+
+    ``matrix``: the 9 int32 of ``AV_FRAME_DATA_DISPLAYMATRIX`` (libavutil/display.h; the
+    MP4/MOV ``tkhd`` matrix ``a b u c d v x y w``, a b c d x y in 16.16 and u v w in 2.30
+    fixed point), or None (no matrix: ``IDENTITY``). display.h: a coded pixel (p, q)
+    (column, row) is shown at p' = a*p + c*q + x, q' = b*p + d*q + y, so (a, b) is where
+    the coded x axis goes and (c, d) the y axis. Each of the two is scaled to unit length
+    (a scale changes the display size, never the orientation; it is not applied); if every
+    entry is then within ``MATRIX_TOLERANCE`` of -1, 0 or 1, u = v = 0 and the two axes
+    stay perpendicular, the matrix is that symmetry; otherwise (a turn by other than a
+    quarter turn, a shear, a perspective) it is None: the caller keeps the coded picture
+    and flags it. The translation (x, y) only places the picture and is ignored.
+    """
+    if matrix is None:
+        return IDENTITY
+    m = np.asarray(matrix, dtype=np.float64)
+    if m.shape != (9,):
+        return None
+    a, b, u, c, d, v = m[0] / 65536, m[1] / 65536, m[2], m[3] / 65536, m[4] / 65536, m[5]
+    sx, sy = float(np.hypot(a, b)), float(np.hypot(c, d))
+    if sx == 0 or sy == 0 or u != 0 or v != 0:
+        return None
+    unit = np.array([a / sx, b / sx, c / sy, d / sy])
+    near = np.round(unit)
+    if float(np.abs(unit - near).max()) > MATRIX_TOLERANCE:
+        return None
+    a, b, c, d = (int(x) for x in near)
+    if a * d - b * c not in (1, -1) or (a != 0) == (b != 0):
+        return None
+    swap = a == 0
+    flip_x = (c < 0) if swap else (a < 0)
+    flip_y = (b < 0) if swap else (d < 0)
+    mirrored = a * d - b * c < 0
+    # rotation after an optional left-right mirror: R = M @ H (H = diag(-1, 1)), then the
+    # clockwise angle of R in y-down pixel coordinates (x axis (1, 0) goes to (ra, rb)).
+    ra, rb = (-a, -b) if mirrored else (a, b)
+    rotation = {(1, 0): 0, (0, 1): 90, (-1, 0): 180, (0, -1): 270}[(ra, rb)]
+    return Orientation(swap, flip_x, flip_y, rotation, mirrored)
+
+
+def _display_matrix(frame):
+    """The 9 int32 of ``frame``'s display matrix side data, or None if it has none."""
+    try:
+        from av.sidedata.sidedata import Type
+        sd = frame.side_data.get(Type.DISPLAYMATRIX)
+    except (ImportError, AttributeError):  # an old PyAV: only frame.rotation (no mirror)
+        # frame.rotation: counter-clockwise degrees (av_display_rotation_get); the matrix
+        # of the clockwise quarter turn it names (a, b = where the x axis goes)
+        cw = (-round((getattr(frame, "rotation", 0) or 0) / 90.0) * 90) % 360
+        a, b = {0: (1, 0), 90: (0, 1), 180: (-1, 0), 270: (0, -1)}[cw]
+        return [a << 16, b << 16, 0, -b << 16, a << 16, 0, 0, 0, 1 << 30]
+    if sd is None:
+        return None
+    return np.frombuffer(bytes(sd), dtype="<i4").tolist()
 
 
 def _scene_gray(frame) -> np.ndarray:
@@ -319,14 +577,20 @@ def _container_name(container, path: str) -> str:
 
 
 def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
-                 budget_s: float = DECODE_BUDGET_S) -> VideoInfo:
+                 budget_s: float = DECODE_BUDGET_S,
+                 frame_budget_bytes: int | None = None) -> VideoInfo:
     """Decode the local video file ``path`` and sample frames per ``spec`` (see module doc).
 
     Raises ``RecordError`` with reason ``empty_file``, ``read_failed``,
     ``corrupt_container``, ``no_video_stream`` (audio only, or only an attached picture),
     ``no_frames``, ``too_large`` (a frame over ``spec.max_frame_pixels`` pixels) or
-    ``decode_timeout`` (over ``spec.max_decode_s`` seconds in all). ``max_packets`` and
+    ``decode_timeout`` (over ``spec.max_decode_s`` seconds in all), ``too_large`` also
+    when the sampled frames cannot fit in ``frame_budget_bytes`` (``_FrameStore``), and
+    ``unsupported_format`` for a container that opens other files (``_Input``: an HLS
+    playlist, an ffconcat list, ...) unless ``spec.allow_playlists``. ``max_packets`` and
     ``budget_s`` (seconds) bound each pass over the file (the result is then partial).
+    ``frame_budget_bytes``: the most bytes the sampled RGB frames may hold at once (None:
+    unbounded); frames are halved to fit, flagged ``frames_downscaled``.
     """
     try:
         size = os.stat(path).st_size
@@ -340,22 +604,24 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
     targets: list[float] | None = None
     pre_errors = 0
     if spec.sampling == "uniform":
-        times, pre_errors = _packet_times(path, max_packets, budget_s, limits)
+        times, pre_errors = _packet_times(path, max_packets, budget_s, limits,
+                                          spec.allow_playlists)
         if times:
             n = min(spec.num_frames, cap)
             targets = np.linspace(times[0], times[-1], n).tolist() if n > 1 else [times[0]]
 
-    dec = _Decoder(path, max_packets, budget_s, limits)
+    dec = _Decoder(path, max_packets, budget_s, limits, spec.allow_playlists)
+    store = _FrameStore(frame_budget_bytes)
     try:
         codec = dec.stream.codec_context.name
         container = _container_name(dec.container, path)
         count = 0
         first_t = last_t = None
         last_end = 0.0
-        first_frame = None
+        coded = matrix = None  # the first frame's (width, height) and display matrix
         thinner = _Thinner(cap)
-        # uniform: [frame_index, time, frame] chosen per target; resolved lazily
-        chosen: dict[int, tuple[float, Any]] = {}
+        # uniform: frame index -> its _Held frame, chosen per target
+        chosen: dict[int, _Held] = {}
         all_uniform_fallback = _Thinner(min(spec.num_frames, cap))
         j = 0  # next target (fps / uniform)
         next_fps_t: float | None = None
@@ -364,39 +630,43 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
         for frame, t in dec.frames():
             idx = count
             count += 1
-            if first_frame is None:
-                first_frame, first_t = frame, t
+            if coded is None:
+                coded, matrix, first_t = (frame.width, frame.height), _display_matrix(frame), t
                 next_fps_t = t
             last_t = t
             last_end = t + _frame_duration_s(frame)
             if spec.sampling == "fps":
                 if t >= next_fps_t:
-                    thinner.add((t, frame))
+                    thinner.offer(store.add, frame, t)
                     while next_fps_t <= t:  # all targets this frame covers
                         j += 1
                         next_fps_t = first_t + j / spec.fps
             elif spec.sampling == "uniform":
                 if targets is None:
-                    all_uniform_fallback.add((t, frame))
+                    all_uniform_fallback.offer(store.add, frame, t)
                 else:
                     while j < len(targets) and targets[j] <= t:
                         target = targets[j]
                         if prev is not None and target - prev[1] <= t - target:
-                            chosen.setdefault(prev[0], (prev[1], prev[2]))
-                        else:
-                            chosen.setdefault(idx, (t, frame))
+                            if prev[0] not in chosen:
+                                chosen[prev[0]] = store.add(prev[2], prev[1])
+                        elif idx not in chosen:
+                            chosen[idx] = store.add(frame, t)
                         j += 1
                     prev = (idx, t, frame)
             elif spec.sampling == "keyframes":
                 if frame.key_frame:
-                    thinner.add((t, frame))
+                    thinner.offer(store.add, frame, t)
             else:  # scene
                 gray = _scene_gray(frame)
-                if prev_gray is None:
-                    thinner.add((t, frame))
-                elif float(np.abs(gray - prev_gray).mean()) / 255.0 > spec.scene_threshold:
-                    thinner.add((t, frame))
+                if prev_gray is None or (float(np.abs(gray - prev_gray).mean()) / 255.0
+                                         > spec.scene_threshold):
+                    thinner.offer(store.add, frame, t)
                 prev_gray = gray
+        if (spec.sampling == "uniform" and targets is not None and j < len(targets)
+                and prev is not None and prev[0] not in chosen):  # targets after the last frame
+            chosen[prev[0]] = store.add(prev[2], prev[1])
+        prev = None
         errors = dec.errors + pre_errors
     finally:
         dec.close()
@@ -408,48 +678,96 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
         if targets is None:  # no packet pts: evenly spaced among decoded frames
             picked = all_uniform_fallback.result()
         else:
-            if j < len(targets) and prev is not None:  # targets after the last frame
-                chosen.setdefault(prev[0], (prev[1], prev[2]))
             picked = [chosen[i] for i in sorted(chosen)]
     else:
         picked = thinner.result()
-    picked.sort(key=lambda p: p[0])
+    picked.sort(key=lambda h: h.t)
 
-    k = _rotation_k(first_frame)
-    frames = [_to_rgb(f, k) for _, f in picked]
-    w, h = first_frame.width, first_frame.height
-    if k % 2:
+    flags: list[str] = []
+    orientation = orientation_of(matrix)
+    if orientation is None:  # not a symmetry of the rectangle: coded pixels, flagged
+        flags.append(FLAG_MATRIX_UNSUPPORTED)
+        orientation = IDENTITY
+    elif orientation.mirrored:
+        flags.append(FLAG_MIRRORED)
+    if store.shift:
+        flags.append(FLAG_DOWNSCALED)
+    frames = []
+    for held in picked:  # each frame's buffer is released as its upright copy is made
+        frames.append(orientation.apply(held.array))
+        held.array = None
+    w, h = coded
+    if orientation.swap:
         w, h = h, w
     duration = max(0.0, last_end - first_t)
     if duration == 0.0 and count > 1:
         duration = last_t - first_t
     return VideoInfo(
         duration_s=round(duration, 6), fps=round(count / duration, 6) if duration > 0 else 0.0,
-        frame_count=count, width=w, height=h, rotation_deg=(-90 * k) % 360, codec=codec,
-        container=container, mime=_MIMES.get(container, f"video/{container}"),
-        timestamps_s=[t for t, _ in picked], frames=frames,
-        partial=errors > 0, decode_errors=errors)
+        frame_count=count, width=w, height=h, rotation_deg=orientation.rotation_deg,
+        codec=codec, container=container, mime=_MIMES.get(container, f"video/{container}"),
+        timestamps_s=[held.t for held in picked], frames=frames,
+        partial=errors > 0, decode_errors=errors, flags=tuple(flags))
 
 
-def decoded_frames_bytes(path: str, spec: VideoSpec) -> int:
+#: A video's near hash: the pHash of a 2 x 2 mosaic of this many sampled frames, each
+#: resized to a ``MOSAIC_TILE_PX`` square.
+MOSAIC_FRAMES = 4
+MOSAIC_TILE_PX = 64
+
+
+def near_hash(frames: list[np.ndarray]) -> tuple[int, bool]:
+    """A video's near-duplicate hash and its ``low_detail`` flag, from several frames.
+
+    ``frames``: the sampled (H, W, 3) uint8 frames in time order (at least one). One
+    frame: its own ``phash64`` (as an image's). More: ``MOSAIC_FRAMES`` frames at evenly
+    spaced indices over the whole sample (first and last included; repeats when fewer
+    are sampled), each resized to ``MOSAIC_TILE_PX`` x ``MOSAIC_TILE_PX`` (Pillow box
+    filter), tiled in time order left to right, top to bottom into a 2 x 2 mosaic, and the
+    ``phash64`` of that mosaic: its low-frequency DCT sees the layout of every tile, so two
+    videos that share one frame (a black title card in the middle) but not the others do
+    not hash alike, while a re-encode of the same video (the same frames at the same
+    times) does. ``low_detail`` (``media.transform.low_detail``): every tiled frame is
+    flat (solid colour or plain gradient): the hash says nothing and near dedup skips the
+    row. Raises ``ValueError`` on an empty list.
+    """
+    if not frames:
+        raise ValueError("near_hash needs at least one frame")
+    if len(frames) == 1:
+        return phash64(frames[0]), low_detail(frames[0])
+    idx = np.round(np.linspace(0, len(frames) - 1, MOSAIC_FRAMES)).astype(int)
+    side = MOSAIC_TILE_PX
+    tiles = [np.asarray(Image.fromarray(frames[i]).resize((side, side), Image.Resampling.BOX))
+             for i in idx]
+    mosaic = np.concatenate([np.concatenate(tiles[r * 2:r * 2 + 2], axis=1)
+                             for r in range(2)], axis=0)
+    return phash64(mosaic), all(low_detail(t) for t in tiles)
+
+
+def decoded_frames_bytes(path: str, spec: VideoSpec, budget: int | None = None) -> int:
     """Bytes of the RGB frames ``decode_video`` would keep for ``path``, estimated from
     the stream header: coded width * height * 3 times the frames sampled at most
-    (``uniform``: min(num_frames, max_frames); other modes: max_frames). 0 when the
-    header cannot be read or the size is over ``max_frame_pixels`` (the row then fails
-    before decoding). Never raises."""
+    (``uniform``: min(num_frames, max_frames); other modes: max_frames), and at most
+    ``budget`` (bytes; ``decode_video``'s ``frame_budget_bytes``, which the frames never
+    pass). 0 when the header cannot be read or the size is over ``max_frame_pixels`` (the
+    row then fails before decoding). Never raises."""
     try:
-        with av_module().open(path, metadata_errors="ignore") as container:
-            streams = [s for s in container.streams.video if not _is_attached_picture(s)]
+        opened = _open(path, spec.allow_playlists)
+        try:
+            streams = [s for s in opened.container.streams.video
+                       if not _is_attached_picture(s)]
             if not streams:
                 return 0
             pixels = int(streams[0].codec_context.width or 0) * int(
                 streams[0].codec_context.height or 0)
+        finally:
+            opened.close()
     except Exception:  # noqa: BLE001 - an estimate: decode_video reports the real error
         return 0
     if pixels > spec.max_frame_pixels:
         return 0
     n = min(spec.num_frames, spec.max_frames) if spec.sampling == "uniform" else spec.max_frames
-    return pixels * 3 * n
+    return pixels * 3 * n if budget is None else min(pixels * 3 * n, budget)
 
 
 def file_sha256(path: str) -> str:

@@ -151,13 +151,23 @@ class CheckpointStore:
                        json.dumps(info, indent=1, sort_keys=True).encode())
 
     def failures(self) -> dict[str, dict[str, Any]]:
-        """Failure records of partitions that have no commit marker (yet)."""
+        """Failure records of partitions that have no commit marker (yet). A record that
+        is not a JSON object (empty, cut short, damaged) still says the partition failed:
+        ``{"partition_id": pid, "error": "unreadable failure record <uri>: <why>"}``."""
         done = set(self.markers())
         out = {}
         for entry in fs.list_files(self.layout.failures):
             pid = OutputLayout.partition_of_json(entry.uri)
             if pid is not None and pid not in done:
-                out[pid] = json.loads(fs.read_bytes(entry.uri))
+                try:
+                    record = json.loads(fs.read_bytes(entry.uri))
+                    if not isinstance(record, dict):
+                        record = {"partition_id": pid, "error": f"unreadable failure record "
+                                  f"{entry.uri}: a JSON {type(record).__name__}, not an object"}
+                except ValueError as e:   # JSONDecodeError and UnicodeDecodeError included
+                    record = {"partition_id": pid,
+                              "error": f"unreadable failure record {entry.uri}: {e}"[:500]}
+                out[pid] = record
         return out
 
     def write_success(self, report: dict[str, Any]) -> None:
@@ -174,22 +184,29 @@ def verify_files(root: str, marker: CommitMarker, chunk_bytes: int = 8 * 2**20) 
     layout = OutputLayout(root)
     total = 0
     for rel in marker.files:
-        uri = layout.uri(rel)
-        try:
-            size, digest = _hash_file(uri, chunk_bytes)
-        except FileNotFoundError as e:
-            raise CommitError(f"partition {marker.partition_id}: {uri} is gone before the "
-                              "commit (deleted by gc?); not committing") from e
-        except OSError as e:
-            raise CommitError(f"partition {marker.partition_id}: cannot verify {uri}: {e}") from e
-        want = marker.sha256.get(rel)
-        if want is not None and digest != want:
-            raise CommitError(f"partition {marker.partition_id}: {uri} has sha256 {digest}, "
-                              f"the attempt wrote {want}; not committing")
-        total += size
+        total += verify_file(layout.uri(rel), marker.sha256.get(rel),
+                             f"partition {marker.partition_id}", chunk_bytes)
     if marker.sha256 and total != marker.bytes_written:
         raise CommitError(f"partition {marker.partition_id}: its files hold {total} bytes, "
                           f"the attempt wrote {marker.bytes_written}; not committing")
+
+
+def verify_file(uri: str, want: str | None, who: str, chunk_bytes: int = 8 * 2**20) -> int:
+    """Read the file at ``uri`` back (streamed, retried by the storage policy) and return
+    its size in bytes; ``want`` (sha256 hex, None: not checked) must be its digest.
+    ``who`` names the committer in the message. Raises ``CommitError`` when the file is
+    gone (deleted by gc?), unreadable, or changed."""
+    try:
+        size, digest = _hash_file(uri, chunk_bytes)
+    except FileNotFoundError as e:
+        raise CommitError(f"{who}: {uri} is gone before the commit (deleted by gc?); "
+                          "not committing") from e
+    except OSError as e:
+        raise CommitError(f"{who}: cannot verify {uri}: {e}") from e
+    if want is not None and digest != want:
+        raise CommitError(f"{who}: {uri} has sha256 {digest}, the attempt wrote {want}; "
+                          "not committing")
+    return size
 
 
 def _hash_file(uri: str, chunk_bytes: int) -> tuple[int, str]:

@@ -15,12 +15,49 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+from pipeline.errors import CommitError
 from pipeline.output.checkpoint import CheckpointStore, CommitMarker
+from pipeline.output.layout import attempt_of
 
 #: Threads reading markers in ``count_in_background``.
 READ_THREADS = 4
 #: Markers handed to the threads at a time.
 READ_CHUNK = 256
+
+
+def bad_file_name(marker: CommitMarker, rel: object,
+                  attempt_roots: tuple[str, ...] | list[str] = ()) -> str | None:
+    """Why the file name ``rel`` of ``marker`` is not one its attempt wrote, else None.
+
+    A committed file is a relative POSIX path below one of the generation's attempt roots
+    (``layout.attempt_root_names(attempt_roots)``; ``attempt_roots``: those the generation
+    record names) inside the marker's own partition and attempt directory
+    (``layout.attempt_of(rel) == (marker.partition_id, marker.attempt_id)``), with no
+    empty, ``.`` or ``..`` component, no leading ``/``, no backslash, no NUL and no URI
+    scheme: a marker naming ``data/../../private/x.parquet`` or ``/etc/passwd`` would
+    otherwise make readers open a file outside the output."""
+    if not isinstance(rel, str) or not rel:
+        return "not a file name"
+    if rel.startswith("/") or "\\" in rel or "\0" in rel or "://" in rel:
+        return "not a relative path inside the output"
+    if any(part in ("", ".", "..") for part in rel.split("/")):
+        return "an empty, '.' or '..' path component"
+    if attempt_of(rel, tuple(attempt_roots)) != (marker.partition_id, marker.attempt_id):
+        return (f"not under the attempt directories of partition {marker.partition_id} "
+                f"attempt {marker.attempt_id}")
+    return None
+
+
+def check_file_names(marker: CommitMarker, where: str,
+                     attempt_roots: tuple[str, ...] | list[str] = ()) -> None:
+    """Raise ``CommitError`` naming the marker (``where``) and the file name if a file
+    name of ``marker`` is not one its attempt wrote (``bad_file_name``)."""
+    for rel in marker.files:
+        why = bad_file_name(marker, rel, attempt_roots)
+        if why is not None:
+            raise CommitError(f"commit marker {where} names the file {rel!r}: {why}; "
+                              "refusing to read it (the marker was not written by mmpipe, "
+                              "or was changed since)")
 
 
 class Committed(Mapping):

@@ -11,25 +11,43 @@ its marker, if any, is in the later listing. A zombie whose lease expired may st
 running: it refuses to commit once its lease has run out (``AttemptLease.check``), and a
 commit verifies every file it names (``checkpoint.verify_files``).
 
-Generations older than the newest complete one are deleted whole (a job that completed
-an overwrite does this itself; gc finishes it if that job was interrupted). A location
-that is not an mmpipe output is refused (``NotAnOutputError``) before anything is listed
-for deletion.
+Only files of mmpipe's own layout are candidates (``layout.owned_files``:
+``<root>/<pid>/a-<attempt>/...`` and ``_index/<kind>/b-<n>/<pid>.a-<attempt>.parquet``): a
+user's ``data/labels.csv`` or ``data/raw/notes.txt``, a complete output nested under
+``data/``, and whatever a symbolic link under ``data/`` points at are never listed, so
+never deleted.
+
+Leases are judged by the storage's clock (``lease.StorageClock``, measured once per
+``collect`` with a probe file in ``_job/``; a lease lasts from its file's mtime /
+``Last-Modified``): a gc host whose clock runs ahead does not see a live attempt's lease
+as expired. ``min_age_s`` is measured on the same clock.
+
+Generations older than the newest complete one are deleted (``generations.
+delete_generation``: their own files only; a job that completed an overwrite does this
+itself; gc finishes it if that job was interrupted). A location that is not an mmpipe
+output is refused (``NotAnOutputError``) before anything is listed for deletion.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 
 from pipeline.errors import PlanError
 from pipeline.output import generations, lease
 from pipeline.output.checkpoint import CheckpointStore
-from pipeline.output.layout import OutputLayout, attempt_of, is_output
+from pipeline.output.layout import (
+    JOB_LEASE_DIR,
+    OutputLayout,
+    attempt_of,
+    attempt_root_names,
+    is_output,
+    owned_files,
+)
 from pipeline.storage import fs
 
 #: Seconds an attempt lease must have been expired before gc deletes the attempt's files
-#: (covers clock skew between the worker and gc, and a renewal in flight).
+#: (covers a renewal in flight and a store's whole-second Last-Modified; leases are judged
+#: by the storage's clock, so host clock skew needs no margin).
 LEASE_MARGIN_S = 60.0
 
 
@@ -52,25 +70,36 @@ class Collected:
     old_generations: list[generations.Generation] = dataclasses.field(default_factory=list)
 
 
+def storage_clock(output: str) -> lease.StorageClock:
+    """The storage's clock of ``output`` (a probe file in ``_job/``, deleted at once)."""
+    return lease.StorageClock.measure(fs.join(fs.normalize(output), JOB_LEASE_DIR))
+
+
 def collect_root(root: str, margin_s: float = LEASE_MARGIN_S, min_age_s: float = 0.0,
-                 into: Collected | None = None) -> Collected:
+                 into: Collected | None = None, clock: lease.StorageClock | None = None
+                 ) -> Collected:
     """Sort the unreferenced attempt files of the generation root ``root`` (see the
     module docstring; ``min_age_s``: also keep files modified less than that many
-    seconds ago). Raises ``CommitError`` for an unreadable marker."""
+    seconds ago; ``clock``: the storage's, measured here if None). Raises ``CommitError``
+    for an unreadable marker."""
     out = into or Collected()
     layout = OutputLayout(root)
     roots = generations.attempt_roots_of(layout.root)
-    files = [e for top in layout.attempt_roots(roots) for e in fs.list_files(top)]  # 1. files
+    files = owned_files(layout.root, roots, tops=attempt_root_names(roots))      # 1. files
+    clock = clock or storage_clock(generations.output_of(layout.root))
+    now = clock.now()               # the storage's, taken before the leases are listed
     leases = lease.attempt_leases(layout.root)                                    # 2. leases
     named = {layout.uri(f) for m in CheckpointStore(layout.root).markers().values()
              for f in m.files}                                                     # 3. markers
-    now = time.time()
     prefix = layout.root.rstrip("/") + "/"
     for e in files:
         if e.uri in named:
             continue
         key = attempt_of(e.uri[len(prefix):], roots) if e.uri.startswith(prefix) else None
-        held = key in leases and (leases[key] is None or not leases[key].expired(now, margin_s))
+        if key is None:             # owned_files lists attempt files only: never reached
+            continue
+        held = key in leases and (leases[key] is None or not leases[key].expired_by(now,
+                                                                                   margin_s))
         if held:
             out.live.append(e.uri)
         elif min_age_s and e.mtime_s is not None and e.mtime_s > now - min_age_s:
@@ -79,7 +108,7 @@ def collect_root(root: str, margin_s: float = LEASE_MARGIN_S, min_age_s: float =
             out.garbage.append(e.uri)
     out.stale_leases += [fs.join(layout.root, lease.attempt_lease_rel(*k))
                          for k, rec in leases.items()
-                         if rec is not None and rec.expired(now, margin_s)]
+                         if rec is not None and rec.expired_by(now, margin_s)]
     return out
 
 
@@ -94,13 +123,14 @@ def collect(output: str, margin_s: float = LEASE_MARGIN_S, min_age_s: float = 0.
     gens = generations.list_generations(output)
     done = generations.newest_complete(gens)
     found = Collected()
+    clock = storage_clock(output)
     for g in gens:
         if done is not None and g.number < done.number:
             found.old_generations.append(g)
         else:
-            collect_root(g.root, margin_s, min_age_s, found)
+            collect_root(g.root, margin_s, min_age_s, found, clock)
     if not gens:                 # markers without a plan (an output from before plans)
-        collect_root(output, margin_s, min_age_s, found)
+        collect_root(output, margin_s, min_age_s, found, clock)
     return found
 
 

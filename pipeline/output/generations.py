@@ -38,8 +38,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import PlanError
 from pipeline.storage import fs
-from pipeline.output.layout import (CHECKPOINT_DIR, GEN_DIR, PLAN_INDEX_FILE, SUCCESS_FILE,
-                                     attempt_root_names, root_entries)
+from pipeline.output.layout import (CHECKPOINT_DIR, DEDUP_DIR, GEN_DIR, INDEX_DIR,
+                                     JOB_LEASE_DIR, PLAN_DIR, PLAN_INDEX_FILE, SUCCESS_FILE,
+                                     attempt_root_names, owned_files, root_entries)
 
 log = logging.getLogger(__name__)
 
@@ -177,17 +178,60 @@ def replace_record(output: str, record: GenerationRecord) -> None:
 
 def delete_generation(output: str, gen: Generation) -> None:
     """Delete generation ``gen``: ``_SUCCESS`` first (it is no longer complete), then its
-    files, then its record. Generation 1 deletes only ``layout.root_entries`` at the root (with the attempt
-    roots its record names)."""
+    files, then its record. Only files of mmpipe's own layout are deleted
+    (``layout.owned_files``, with the attempt roots its record names): a user's
+    ``data/labels.csv`` beside them, a nested output, or what a symbolic link points at
+    stays; the folders the deletion emptied are removed (locally), those still holding
+    other files stay."""
     out = fs.normalize(output)
     fs.delete_file(fs.join(gen.root, SUCCESS_FILE))
-    if gen.number == 1:
-        for entry in root_entries(gen.record.attempt_roots if gen.record else ()):
-            fs.delete_tree(fs.join(out, entry))
-    else:
-        fs.delete_tree(gen.root)
+    extra = gen.record.attempt_roots if gen.record else ()
+    files = [e.uri for e in owned_files(gen.root, extra)]
+    for uri in files:
+        fs.delete_file(uri)
+    if fs.is_local(gen.root):
+        _remove_emptied_dirs(gen.root, extra, keep_root=gen.number == 1)
     fs.delete_file(record_uri(out, gen.number))
     log.info("%s: deleted generation %d (%s)", out, gen.number, gen.root)
+
+
+#: Folder names of mmpipe's layout below an attempt root: a partition's, an attempt's, a
+#: dedup index bucket's.
+_LAYOUT_DIR = re.compile(r"^(p-\d{6,}|a-[A-Za-z0-9][A-Za-z0-9_-]*|b-\d+)$")
+
+
+def _remove_emptied_dirs(root: str, extra: tuple[str, ...] | list[str], keep_root: bool
+                         ) -> None:
+    """Remove the local folders of mmpipe's layout under ``root`` that are empty now:
+    its root entries (``_checkpoints/``, ``data/``, ...) and, inside them, folders named
+    like a partition's, an attempt's or a bucket's (any under ``_dedup/``, a kind under
+    ``_index/``), deepest first; ``root`` too unless ``keep_root``. Never through a
+    symbolic link; ``os.rmdir`` leaves a folder that still holds anything."""
+    def prune(path: bytes, depth: int, anything: bool, index: bool) -> None:
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            return
+        for e in entries:
+            name = os.fsdecode(e.name)
+            if e.is_dir(follow_symlinks=False) and (
+                    anything or _LAYOUT_DIR.match(name) or (index and depth == 0)):
+                prune(e.path, depth + 1, anything, index)
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+    base = fs.uri_to_bytes(fs.normalize(root))
+    for entry in root_entries(extra):
+        top = os.path.join(base, entry.encode())
+        if os.path.isdir(top) and not os.path.islink(top):
+            prune(top, 0, entry == DEDUP_DIR, entry == INDEX_DIR)
+    if not keep_root:
+        try:
+            os.rmdir(base)
+        except OSError:
+            pass
 
 
 def delete_older(output: str, number: int) -> list[int]:
@@ -244,6 +288,38 @@ def check_locations(spec) -> None:
         raise PlanError(f"sink.uri {out!r} is a bucket root: an output owns its whole "
                         "prefix (overwrite and gc delete in it); use s3://bucket/prefix, or "
                         "set sink.allow_bucket_root: true if the bucket is the job's alone")
+
+
+#: Root entries that make a location an mmpipe output for ``check_foreign`` (a run that
+#: took the job lease and stopped before planning left ``_job/``).
+OUTPUT_ROOT_MARKERS = (PLAN_DIR, CHECKPOINT_DIR, GEN_DIR, JOB_LEASE_DIR, SUCCESS_FILE)
+
+
+def foreign_entries(output: str) -> list[str]:
+    """The names directly under ``output`` (sorted) if it holds something and is not an
+    mmpipe output (no ``OUTPUT_ROOT_MARKERS`` entry), else ``[]`` (one non-recursive
+    listing). Raises ``StorageError``."""
+    names = sorted(set(_names(output)))
+    if not names or any(n in OUTPUT_ROOT_MARKERS for n in names):
+        return []
+    return names
+
+
+def check_foreign(spec) -> None:
+    """Refuse (``PlanError``, before anything is written) a ``sink.uri`` that is not empty
+    and is not an mmpipe output, naming its first entries, unless
+    ``sink.allow_foreign_files``. Raises ``StorageError`` if the store fails."""
+    out = spec.sink.uri
+    if getattr(spec.sink, "allow_foreign_files", False):
+        return
+    names = foreign_entries(out)
+    if names:
+        shown = ", ".join(names[:5]) + (f", ... ({len(names)} entries)" if len(names) > 5 else "")
+        raise PlanError(f"sink.uri {out!r} is not empty and is not an mmpipe output (it holds "
+                        f"{shown}): nothing was written; use a new or empty location, or set "
+                        "sink.allow_foreign_files: true (--set sink.allow_foreign_files=true) "
+                        "to write beside these files (gc and --mode overwrite never delete "
+                        "them)")
 
 
 def new_record(number: int, pipeline, source_sha256: str, run_id: str, mode: str

@@ -8,6 +8,11 @@ included, naming the holder (``OutputBusy``). The driver renews it every
 ``runtime.lease_renew_s``; a newer lease means it was taken over (``JobLease.lost``). A
 worker commits only while its run holds it (``check_job_lease``), so no other run's
 marker can enter the output while a job writes. See ``pipeline.output.lease``.
+
+Liveness is judged by the storage's clock (``lease.StorageClock``, probed in ``_job/``):
+the holder's last renewal is the lease file's mtime / ``Last-Modified``, so a driver whose
+clock runs ahead cannot see a live lease as expired; a driver more than
+``lease.MAX_CLOCK_SKEW_S`` off the storage's clock is refused (``ClockSkewError``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import time
 from pipeline.errors import CommitError, PlanError
 from pipeline.output import layout
 from pipeline.storage import fs
-from pipeline.output.lease import LeaseRecord, Renewer, holder_record, put_atomic, read_lease
+from pipeline.output.lease import (MAX_CLOCK_SKEW_S, LeaseRecord, Renewer, StorageClock,
+                                   holder_record, put_atomic, read_lease)
 
 log = logging.getLogger(__name__)
 
@@ -33,23 +39,39 @@ class OutputBusy(PlanError):
     """Another job holds the output's job lease (the message names it)."""
 
 
-def _job_leases(output: str) -> list[tuple[int, str]]:
-    """``(number, uri)`` of every job lease file of ``output``, oldest first."""
+def _job_lease_entries(output: str) -> list[tuple[int, fs.FileEntry]]:
+    """``(number, listed file)`` of every job lease file of ``output``, oldest first."""
     found = []
     for e in fs.list_files(fs.join(fs.normalize(output), JOB_LEASE_DIR)):
         m = _JOB_NAME.search(posixpath.basename(e.uri))
         if m and ".tmp-" not in e.uri:
-            found.append((int(m.group(1)), e.uri))
-    return sorted(found)
+            found.append((int(m.group(1)), e))
+    return sorted(found, key=lambda x: x[0])
+
+
+def _job_leases(output: str) -> list[tuple[int, str]]:
+    """``(number, uri)`` of every job lease file of ``output``, oldest first."""
+    return [(n, e.uri) for n, e in _job_lease_entries(output)]
 
 
 def current_job_lease(output: str) -> tuple[int, LeaseRecord | None]:
-    """``(number, record)`` of the newest job lease of ``output``; ``(0, None)`` if none."""
-    leases = _job_leases(output)
+    """``(number, record)`` of the newest job lease of ``output``; ``(0, None)`` if none.
+    The record's ``stored_at`` is the file's mtime / ``Last-Modified`` from the listing
+    (judge it with ``LeaseRecord.live_by``)."""
+    leases = _job_lease_entries(output)
     if not leases:
         return 0, None
-    n, uri = leases[-1]
-    return n, read_lease(uri)
+    n, entry = leases[-1]
+    record = read_lease(entry.uri)
+    if record is not None:
+        record.stored_at = entry.mtime_s
+    return n, record
+
+
+def storage_clock(output: str, max_skew_s: float | None = MAX_CLOCK_SKEW_S) -> StorageClock:
+    """The storage's clock of ``output`` (a probe in ``_job/``); ``ClockSkewError`` if this
+    host's is more than ``max_skew_s`` off (None: not checked)."""
+    return StorageClock.measure(fs.join(fs.normalize(output), JOB_LEASE_DIR), max_skew_s)
 
 
 def busy_message(output: str, holder: LeaseRecord) -> str:
@@ -60,9 +82,13 @@ def busy_message(output: str, holder: LeaseRecord) -> str:
 
 
 def check_free(output: str) -> None:
-    """Raise ``OutputBusy`` naming the holder if a live job lease holds ``output``."""
+    """Raise ``OutputBusy`` naming the holder if a live job lease holds ``output`` (judged
+    by the storage's clock; ``ClockSkewError`` if this host's is too far off it). Writes
+    nothing when no lease is held."""
     _, holder = current_job_lease(output)
-    if holder is not None and holder.live():
+    if holder is None or holder.released or holder.holder_gone():
+        return
+    if holder.live_by(storage_clock(output).now()):
         raise OutputBusy(busy_message(output, holder))
 
 
@@ -81,9 +107,12 @@ class JobLease:
                 fingerprint: str = "", job: str = "") -> "JobLease":
         """Take the job lease of ``output`` and start renewing it every ``renew_s``
         seconds. Raises ``OutputBusy`` naming the holder if a live lease exists (a resume
-        of the same spec included), or another job took it at the same moment."""
+        of the same spec included; judged by the storage's clock), or another job took it
+        at the same moment; ``ClockSkewError`` if this host's clock is more than
+        ``MAX_CLOCK_SKEW_S`` off the storage's (measured before anything is decided)."""
+        clock = storage_clock(output)
         n, holder = current_job_lease(output)
-        if holder is not None and holder.live():
+        if holder is not None and holder.live_by(clock.now()):
             raise OutputBusy(busy_message(output, holder))
         record = holder_record("job", lease_s, run_id=run_id, fingerprint=fingerprint, job=job)
         lease = cls(output, n + 1, record, lease_s)
@@ -117,9 +146,12 @@ class JobLease:
         put_atomic(self.uri, self.record.to_json())
 
     def held(self) -> bool:
-        """True if this lease is still the newest, not released and not expired."""
+        """True if this lease is still the newest, not released and not expired (by the
+        storage's clock)."""
         n, rec = current_job_lease(self.output)
-        return n == self.number and rec is not None and not rec.expired()
+        if n != self.number or rec is None:
+            return False
+        return not rec.expired_by(storage_clock(self.output, max_skew_s=None).now())
 
     def release(self) -> None:
         """Stop renewing; mark the lease released (it stays as the last holder's record)."""
@@ -133,8 +165,8 @@ class JobLease:
                                                      "expires_at": now})
         try:
             put_atomic(self.uri, self.record.to_json())
-        except OSError:
-            log.warning("could not release the job lease %s", self.uri, exc_info=True)
+        except OSError as e:   # one line: an outage is no bug (it expires by itself)
+            log.warning("could not release the job lease %s: %s", self.uri, e)
 
 
 def check_job_lease(output: str, run_id: str, fingerprint: str) -> None:

@@ -25,12 +25,20 @@ readers of committed output all take their paths from here: a datasink's directo
 registered once (``register_attempt_root``, which ``Datasink`` subclasses do by setting
 ``directory``), and every list of directories (``root_entries``, ``attempt_of``,
 ``attempt_root_names``) is derived from the registry when it is asked, never copied.
+
+What mmpipe may delete is named here too (``owned``, ``owned_files``): attempt files
+(``<root>/<pid>/a-<attempt>/...``, ``_index/<kind>/b-<n>/<pid>.a-<attempt>.parquet``) and
+the files of its fixed entries, listed without following symbolic links and without
+entering a nested output (a folder holding ``_plan``/``_checkpoints``/``_SUCCESS``/...).
+A user's ``data/labels.csv`` beside an output is never a candidate for gc or overwrite.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
+import stat
 
 from pipeline.storage import fs
 
@@ -95,19 +103,135 @@ def root_entries(extra: tuple[str, ...] | list[str] = ()) -> tuple[str, ...]:
     return _FIXED_ENTRIES + tuple(attempt_root_names(extra))
 
 
+_PID = r"p-\d{6,}"                               # records.partition_name
+_ATTEMPT = r"[A-Za-z0-9][A-Za-z0-9_-]*"           # a random id (no dots: lease names)
+_ATTEMPT_FILE = re.compile(rf"^({_PID})/a-({_ATTEMPT})/[^/].*$")
+_INDEX_FILE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_-]*/b-\d+/({_PID})\.a-({_ATTEMPT})\.parquet$")
+_TMP = r"(\.tmp-[0-9a-f]+)?"
+#: Files of the fixed entries, by entry (relative to the entry; what deleting a
+#: generation deletes there, and nothing else).
+_FIXED_FILES = {
+    PLAN_DIR: re.compile(rf"^(plan|partitions)\.parquet{_TMP}$"),
+    CHECKPOINT_DIR: re.compile(rf"^{_PID}\.json{_TMP}$"),
+    FAILURE_DIR: re.compile(rf"^{_PID}\.json{_TMP}$"),
+    ATTEMPT_LEASE_DIR: re.compile(rf"^{_PID}\.{_ATTEMPT}\.json{_TMP}$"),
+}
+#: Names that make a directory an output root of its own: a directory below a generation
+#: root holding one of them is a nested output, never entered (``owned_files``).
+OUTPUT_MARKERS = (PLAN_DIR, CHECKPOINT_DIR, SUCCESS_FILE, GEN_DIR, JOB_LEASE_DIR)
+
+
 def attempt_of(rel: str, extra: tuple[str, ...] | list[str] = ()) -> tuple[str, str] | None:
     """``(partition id, attempt id)`` of an attempt file (path relative to its generation
-    root): ``<root>/<pid>/a-<attempt>/...`` for an attempt root of ``attempt_root_names
-    (extra)``, or ``_index/.../<pid>.a-<attempt>.parquet``; None for a name no attempt
-    writes."""
+    root): ``<root>/<pid>/a-<attempt>/<file>`` for an attempt root of
+    ``attempt_root_names(extra)``, or ``_index/<kind>/b-<bucket>/<pid>.a-<attempt>.parquet``;
+    None for any other name (a file mmpipe never wrote: ``data/labels.csv``). ``pid`` is
+    ``p-`` and at least six digits (``records.partition_name``), ``attempt`` letters,
+    digits, ``_`` and ``-``."""
     top, _, rest = rel.partition("/")
     if top == INDEX_DIR:
-        m = re.match(r"^.+/([^/.]+)\.a-([^/.]+)\.parquet$", rest)
+        m = _INDEX_FILE.match(rest)
     elif top in attempt_root_names(extra):
-        m = re.match(r"^([^/]+)/a-([^/]+)/", rest)
+        m = _ATTEMPT_FILE.match(rest)
     else:
         return None
     return (m.group(1), m.group(2)) if m else None
+
+
+def owned(rel: str, extra: tuple[str, ...] | list[str] = ()) -> bool:
+    """True if ``rel`` (a file path relative to a generation root) is a name of mmpipe's
+    own layout: ``_SUCCESS``; a plan file, commit marker, failure record or attempt lease
+    (and their ``.tmp-<hex>`` files); an attempt file (``attempt_of``); anything under
+    ``_dedup/`` (the dedup pass's own layout, ``pipeline.dedup.store``). What gc and the
+    deletion of a generation may delete; a user's ``data/labels.csv`` is not owned."""
+    if rel == SUCCESS_FILE:
+        return True
+    top, _, rest = rel.partition("/")
+    if top in _FIXED_FILES:
+        return bool(_FIXED_FILES[top].match(rest))
+    if top == DEDUP_DIR:
+        return bool(rest) and not rest.startswith("/")
+    return attempt_of(rel, extra) is not None
+
+
+def _nested_roots(rels: list[str]) -> set[str]:
+    """Directories (relative, below the generation root, outside ``_dedup/``) that hold an
+    ``OUTPUT_MARKERS`` entry: roots of nested outputs."""
+    roots = set()
+    for rel in rels:
+        parts = rel.split("/")
+        if parts[0] == DEDUP_DIR:
+            continue
+        for i in range(1, len(parts)):
+            if parts[i] in OUTPUT_MARKERS:
+                roots.add("/".join(parts[:i]))
+    return roots
+
+
+def _walk_no_links(top: str) -> list[fs.FileEntry]:
+    """Every regular file under the local directory ``top``, never following a symbolic
+    link (a link to a file or a directory is skipped, as is ``top`` itself if it is one);
+    unsorted; what vanishes while it walks (an attempt deleting its files) is skipped.
+    Raises ``OSError`` if a directory cannot be read."""
+    root = fs.uri_to_bytes(top)
+    try:
+        st = os.lstat(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    if not stat.S_ISDIR(st.st_mode):
+        return []
+    out: list[fs.FileEntry] = []
+    stack = [root]
+    while stack:
+        try:
+            found = list(os.scandir(stack.pop()))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in found:
+            try:
+                est = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(est.st_mode):
+                stack.append(entry.path)
+            elif stat.S_ISREG(est.st_mode):
+                out.append(fs.FileEntry(fs.uri_from_bytes(entry.path), est.st_size,
+                                        est.st_mtime))
+    return out
+
+
+def _is_plain_file(uri: str) -> bool:
+    """True if a regular file (locally: not a symbolic link) is at ``uri``."""
+    if not fs.is_local(uri):
+        return fs.file_size(uri) is not None
+    try:
+        return stat.S_ISREG(os.lstat(fs.uri_to_bytes(uri)).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def owned_files(root: str, extra: tuple[str, ...] | list[str] = (),
+                tops: tuple[str, ...] | list[str] | None = None) -> list[fs.FileEntry]:
+    """The files of mmpipe's own layout under the generation root ``root`` (``owned``),
+    sorted by URI: one listing per entry of ``tops`` (default ``root_entries(extra)``).
+    A local listing never follows a symbolic link (``data/x -> /elsewhere`` is not
+    entered, a linked file is not listed); a directory holding an output's own entries
+    (``OUTPUT_MARKERS``: a nested output) is never entered, on S3 too. Raises
+    ``StorageError``/``OSError`` if the store fails."""
+    root = fs.normalize(root)
+    prefix = root.rstrip("/") + "/"
+    found: list[tuple[str, fs.FileEntry]] = []
+    for top in (root_entries(extra) if tops is None else tops):
+        uri = fs.join(root, top)
+        if top == SUCCESS_FILE:
+            entries = [fs.FileEntry(uri, 0)] if _is_plain_file(uri) else []
+        else:
+            entries = _walk_no_links(uri) if fs.is_local(uri) else fs.list_files(uri)
+        found += [(e.uri[len(prefix):], e) for e in entries if e.uri.startswith(prefix)]
+    nested = _nested_roots([rel for rel, _ in found])
+    return sorted((e for rel, e in found if owned(rel, extra)
+                   and not any(rel.startswith(n + "/") for n in nested)),
+                  key=lambda e: e.uri)
 
 
 def is_output(output_uri: str) -> bool:

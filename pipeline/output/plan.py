@@ -133,8 +133,8 @@ def listing_sha256(items: Iterable[InputItem]) -> str:
 
 def _writer(uri: str, schema: pa.Schema) -> pq.ParquetWriter:
     fsys, path = fs.resolve(uri)
-    if fs.is_local(uri):
-        fsys.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    if fs.is_local(uri):   # created with storage.local_permissions' modes; pyarrow keeps them
+        fs.open_new_local(path).close()
     return pq.ParquetWriter(path, schema, filesystem=fsys, compression="zstd")
 
 

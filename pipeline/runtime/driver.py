@@ -4,7 +4,11 @@ The driver holds O(partitions) state and is never on the data path: workers read
 partition's input and write its output themselves. A partition whose attempt raises (or
 whose worker dies, or which runs past ``runtime.attempt_timeout_s``: its worker is killed
 and replaced) is queued again until ``max_attempts``; then it is reported failed and
-the other partitions still complete.
+the other partitions still complete. An attempt lost to a storage outage (an error
+``pipeline.storage.retry`` calls transient or throttling) is queued again after
+``OUTAGE_RETRY_S`` without counting, for ``storage.outage_s`` from the partition's first
+such loss; a storage request of the driver itself that gives up raises ``StorageError``
+(``gave_up``), which ``mmpipe run`` turns into exit 3.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from pipeline.assembly import assemble
 from pipeline.errors import PartitionError
-from pipeline.storage import fs
+from pipeline.storage import fs, retry
 from pipeline.output import plan as planning
 from pipeline.output.checkpoint import CheckpointStore
 from pipeline.models.registry import check_models
@@ -205,6 +209,8 @@ class _Scheduler:
         self.in_flight: dict = {}  # run ObjectRef -> (worker index, partition id, attempt id)
         self.handed_at: dict = {}  # run ObjectRef -> time.monotonic() when handed out
         self.idle: collections.deque = collections.deque()
+        self.held: list[tuple[float, str]] = []  # (time.monotonic() to requeue at, pid)
+        self.outage_since: dict[str, float] = {}  # pid -> first attempt lost to an outage
         self.progress = progress
         self.metrics = DriverMetrics(spec.name)
         self.request = actor_request(1, 0, spec.runtime.worker_resources)
@@ -214,7 +220,7 @@ class _Scheduler:
     def wanted(self) -> int:
         """Workers this run can use now: one per partition queued or in flight, capped by
         ``num_workers`` (fixed pool) or ``max_workers``."""
-        n = len(self.queue) + len(self.in_flight)
+        n = len(self.queue) + len(self.in_flight) + len(self.held)
         cap = self.spec.runtime.num_workers or self.spec.runtime.max_workers
         return min(n, cap) if cap else n
 
@@ -239,8 +245,9 @@ class _Scheduler:
         self.starting[self.workers[i].ping.remote()] = i
 
     def loop(self) -> None:
-        while self.queue or self.in_flight:
-            self.metrics.remaining(len(self.queue) + len(self.in_flight))
+        while self.queue or self.in_flight or self.held:
+            self.metrics.remaining(len(self.queue) + len(self.in_flight) + len(self.held))
+            self._release_held()
             self._scale()
             while self.queue and self.idle:
                 self._dispatch(self.idle.popleft(), self.queue.popleft())
@@ -312,9 +319,17 @@ class _Scheduler:
             log.info("PartitionWorker-%d found no room in %g s; going on without it", i, limit)
             self._drop(i, ref)
 
+    def _release_held(self) -> None:
+        """Queue again the partitions held back after a storage outage whose wait is over."""
+        now = time.monotonic()
+        for item in [h for h in self.held if h[0] <= now]:
+            self.held.remove(item)
+            self.queue.append(item[1])
+
     def _dismiss_idle(self) -> None:
-        """With the queue empty, let idle (and not yet started) workers go."""
-        if self.queue:
+        """With the queue empty (and nothing held back), let idle (and not yet started)
+        workers go."""
+        if self.queue or self.held:
             return
         while self.idle:
             self._drop(self.idle.popleft())
@@ -369,10 +384,16 @@ class _Scheduler:
             self.start_worker(i)
         else:
             self.idle.append(i)
-        final = self.attempts[pid] >= self.spec.runtime.max_attempts
+        outage = self._outage_retry(pid, e)
+        final = not outage and self.attempts[pid] >= self.spec.runtime.max_attempts
         self.metrics.attempt_failed(final=final)
         if self.store.marker(pid) is not None:  # a zombie attempt committed it meanwhile
             self._done(pid, None)
+        elif outage:
+            log.warning("partition %s attempt %s failed on a storage outage (%s); retrying "
+                        "in %g s, not counted against runtime.max_attempts", pid, attempt,
+                        _short(e), OUTAGE_RETRY_S)
+            self.held.append((time.monotonic() + OUTAGE_RETRY_S, pid))
         elif not final:
             log.warning("partition %s attempt %s failed (%s); retrying", pid, attempt, _short(e))
             self.queue.append(pid)
@@ -384,12 +405,46 @@ class _Scheduler:
                 "fingerprint": self.fp, "failed_at": time.time()})
             self.progress.update(pid, 0)
 
+    def _outage_retry(self, pid: str, e: BaseException) -> bool:
+        """True if the attempt of ``pid`` failed on a storage outage (an error
+        ``pipeline.storage.retry`` calls transient or throttling, or one that gave up)
+        that began less than ``storage.outage_s`` ago for this partition: it is retried
+        without counting against ``runtime.max_attempts``. Any other outcome ends the
+        partition's outage clock."""
+        if not _is_storage_outage(e):
+            self.outage_since.pop(pid, None)
+            return False
+        since = self.outage_since.setdefault(pid, time.monotonic())
+        if time.monotonic() - since >= self.spec.storage.outage_s:
+            return False
+        self.attempts[pid] -= 1
+        return True
+
     def close(self) -> None:
         """Kill the workers and clear this run's demand on the autoscaler."""
         self.metrics.remaining(len(self.queue) + len(self.in_flight))
         _ask_autoscaler([])
         for w in self.workers.values():
             ray.kill(w)
+
+
+OUTAGE_RETRY_S = 5.0  # seconds before a partition lost to a storage outage is queued again
+
+
+def _is_storage_outage(e: BaseException) -> bool:
+    """Whether an attempt's error (a ``RayTaskError``'s cause, and what that was raised
+    from) is a storage outage: ``retry.classify`` says transient or throttle, or a
+    ``StorageError`` gave up (``gave_up``). A dead worker or a timeout is not."""
+    if isinstance(e, (RayActorError, AttemptTimeout)):
+        return False
+    cause: BaseException | None = e.cause if isinstance(e, RayTaskError) and e.cause else e
+    seen = set()
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if getattr(cause, "gave_up", False) or retry.classify(cause) != "permanent":
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 class AttemptTimeout(PartitionError):

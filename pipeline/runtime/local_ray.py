@@ -13,6 +13,17 @@
   imported, so call ``quiet_env()`` before ``import ray``;
 - the dashboard of a local Ray only with ``dashboard=True``, bound to 127.0.0.1.
 
+A local Ray is kept on this machine (``loopback_env``, ``secure_token``): Ray binds each
+daemon to its node's address, and on Linux it takes the machine's routable one; with
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` it takes 127.0.0.1 (``get_node_ip_address`` in
+``ray/_private/services.py``; Ray meant it for laptops), so the GCS, the raylet and its
+object manager, the dashboard agent (HTTP, gRPC and the metrics export port), the runtime
+env agent and every worker listen on loopback only; ``start`` checks the node's address
+afterwards and refuses to go on with another. Its token file (``~/.ray/auth_token``, or
+``RAY_AUTH_TOKEN_PATH``), which Ray writes world-readable (0644), is created owner-only
+(0600) before Ray looks for it, and tightened to 0600 if it exists with wider modes: a
+process that can read it can join the job's Ray and read what its workers hold.
+
 A local Ray started here is recorded in ``~/.cache/mmpipe/local-ray/<driver pid>.json``
 (driver pid and start time, session directory) until ``shutdown``. A driver killed with
 ``kill -9`` never removes it: its GCS and raylet die with it (Ray's kernel fate sharing),
@@ -29,6 +40,7 @@ import importlib
 import json
 import logging
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -63,9 +75,10 @@ def start(address: str | None, *, dashboard: bool = False, verbose: bool = False
     import ray
 
     local = address in (None, "local")
-    quiet_env()
+    quiet_env(local=local)
     if local:
         cleanup_stale()
+        secure_token()
     kwargs: dict = {}
     if local:
         kwargs["include_dashboard"] = dashboard and _dashboard_available()
@@ -74,6 +87,10 @@ def start(address: str | None, *, dashboard: bool = False, verbose: bool = False
     ctx = ray.init(address=address, logging_level=logging.WARNING, log_to_driver=verbose,
                    runtime_env=runtime_env, **kwargs)
     node = ray._private.worker.global_worker.node  # noqa: SLF001 - Ray has no public getter
+    if local and node is not None and node.node_ip_address != LOOPBACK:
+        ray.shutdown()
+        raise RuntimeError(f"the local Ray took the address {node.node_ip_address}, not "
+                           f"{LOOPBACK}: it would listen beyond this machine; stopped it")
     session = RaySession(local, logs_dir=node.get_logs_dir_path() if node else None)
     if local:
         session.state_file = _record(node.get_session_dir_path())
@@ -205,15 +222,72 @@ AUTH_ENABLED_NOTICE = "Token authentication is enabled for this Ray cluster"
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
-def quiet_env() -> None:
+def quiet_env(local: bool = False) -> None:
     """Install the logging filter and set the environment variables Ray reads (module
-    docstring); idempotent. Call it before ``import ray`` (``start`` calls it too)."""
+    docstring); with ``local`` (a local Ray will be started) also ``loopback_env()``;
+    idempotent. Call it before ``import ray`` (``start`` calls it too)."""
     auth = logging.getLogger(AUTH_LOGGER)
     if not any(isinstance(f, _DropAuthEnabledNotice) for f in auth.filters):
         auth.addFilter(_DropAuthEnabledNotice())
     if not sys.stderr.isatty():
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if local:
+        loopback_env()
+
+
+LOOPBACK = "127.0.0.1"
+CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+
+
+def loopback_env() -> None:
+    """Make the Ray this process starts take 127.0.0.1 as its node address, so that every
+    daemon listens on loopback only (module docstring): ``CLUSTER_ENV=0`` in the
+    environment (Ray reads it when imported, here and in each process it starts) and, if
+    ``ray`` is imported already, in its constant. Only for a local Ray: a node of a
+    cluster must advertise an address the other nodes reach."""
+    os.environ[CLUSTER_ENV] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def token_path() -> Path | None:
+    """The token file a local Ray uses: ``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``
+    (Ray's ``AuthenticationTokenLoader`` order after ``RAY_AUTH_TOKEN``); None when the
+    token is in ``RAY_AUTH_TOKEN`` or authentication is off (``RAY_AUTH_MODE=disabled``)."""
+    if os.environ.get("RAY_AUTH_TOKEN") or \
+            os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return None
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token").expanduser()
+
+
+def secure_token() -> Path | None:
+    """Before a local ``ray.init``: create the token file (``token_path``) owner-only
+    (0600, its folder 0700 when created here) with Ray's own generator, so Ray finds it
+    and never writes its world-readable one; or, if it exists and is this user's, set its
+    mode to 0600 when group or others could read it. Returns the path (None: no file)."""
+    path = token_path()
+    if path is None:
+        return None
+    if path.exists():
+        st = path.stat()
+        if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            os.chmod(path, 0o600)
+            log.info("%s was readable by others: now 0600 (owner only)", path)
+        return path
+    from ray._private.authentication.authentication_token_generator import (
+        generate_new_authentication_token,
+    )
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:      # another process made it meanwhile
+        return secure_token()
+    with os.fdopen(fd, "w") as f:
+        f.write(generate_new_authentication_token())
+    return path
 
 
 def _dashboard_available() -> bool:

@@ -3,7 +3,9 @@
 ``open_output(spec, pipeline, run_id)`` (called by ``driver.run_job`` before planning):
 
 1. refuses an output that overlaps the input or is a bucket root
-   (``generations.check_locations``), and a non-empty one under ``error-if-exists``;
+   (``generations.check_locations``), a non-empty folder that is not an mmpipe output
+   unless ``sink.allow_foreign_files`` (``generations.check_foreign``, before anything is
+   written), and a non-empty one under ``error-if-exists``;
 2. takes the job lease (``job_lease.JobLease``: one writer per output; ``OutputBusy`` names
    the holder) and renews it every ``runtime.lease_renew_s`` seconds;
 3. picks the generation: ``overwrite`` creates the next one (its record holds the
@@ -65,6 +67,7 @@ def open_output(spec: JobSpec, pipeline, run_id: str) -> OutputSession:
 
     output = spec.sink.uri
     generations.check_locations(spec)
+    generations.check_foreign(spec)   # before the job lease: nothing written into it
     if spec.runtime.mode == "error-if-exists":
         check_empty(output)
     rt = spec.runtime

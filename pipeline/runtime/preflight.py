@@ -127,8 +127,10 @@ def _raise(e: OSError) -> None:
 
 def check_output(spec: JobSpec, pipeline) -> bool:
     """The output location can take this spec under ``runtime.mode``: it overlaps no
-    input and is not a bucket root unless allowed (``generations.check_locations``); no
-    live job lease holds it (``job_lease.check_free``: ``OutputBusy`` names the holder); with
+    input and is not a bucket root unless allowed (``generations.check_locations``); it
+    is empty or an mmpipe output unless ``sink.allow_foreign_files``
+    (``generations.check_foreign``); no live job lease holds it (``job_lease.check_free``:
+    ``OutputBusy`` names the holder); with
     ``error-if-exists`` it is empty (``check_empty``); with ``resume`` the stored plan of
     its newest generation was made for this source spec and nothing there was committed
     under another fingerprint (``committed_markers``); ``overwrite`` writes a new
@@ -139,6 +141,7 @@ def check_output(spec: JobSpec, pipeline) -> bool:
 
     mode = spec.runtime.mode
     generations.check_locations(spec)
+    generations.check_foreign(spec)       # a folder mmpipe did not make: refused, named
     job_lease.check_free(spec.sink.uri)
     if mode == "error-if-exists":
         check_empty(spec.sink.uri)

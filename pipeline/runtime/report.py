@@ -95,7 +95,7 @@ class JobReport:
             f"  rows: ok={s.get('ok', 0)} rejected={s.get('rejected', 0)} error={s.get('error', 0)}",
         ]
         if self.inputs.get("unread"):
-            lines.append("  not read (extension not listed or not a supported container): "
+            lines.append("  not read (unlisted extension or container, unpaired sidecar, not a file): "
                          + ", ".join(f"{ext or '(none)'}={n}" for ext, n in
                                      sorted(self.inputs["unread_by_extension"].items())))
         lines += [f"  warning: {w}" for w in self.inputs.get("warnings", [])]

@@ -25,8 +25,9 @@ from pipeline.runtime.report import objects_phrase
 
 #: Exit codes of ``mmpipe status``: every planned partition committed (and the rows out
 #: equal the records planned); some partition failed (``_failures/``); not an mmpipe
-#: output; no failure, but partitions still pending (a running or interrupted job).
-EXIT_COMPLETE, EXIT_FAILED, EXIT_NOT_AN_OUTPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
+#: output; no failure, but partitions still pending (a running or interrupted job); a file
+#: the status needs (plan, commit marker, generation record) cannot be read or parsed.
+EXIT_COMPLETE, EXIT_FAILED, EXIT_NOT_AN_OUTPUT, EXIT_INCOMPLETE, EXIT_UNREADABLE = 0, 1, 2, 3, 4
 
 
 class NotAnOutput(MmpipeError):
@@ -49,7 +50,9 @@ def output_status(output_uri: str) -> dict[str, Any]:
     ``generations`` all numbers present, ``readable_generation`` the newest complete one
     (what ``read_output``/``ls``/``export`` read; None if none is complete); ``runs``:
     committed partitions by the run id that committed them (``""``: not recorded);
-    ``writer``: the run that holds the output's job lease now (None if none). Raises
+    ``writer``: the run that holds the output's job lease now (None if none);
+    ``problems``: files read past because they are damaged (``_SUCCESS``; a damaged
+    ``_failures/`` record shows as that partition's error). Raises
     ``NotAnOutput`` if there is no ``_plan/``, ``_checkpoints/`` or ``_generations/`` at
     ``output_uri``.
     """
@@ -63,7 +66,8 @@ def output_status(output_uri: str) -> dict[str, Any]:
     store = CheckpointStore(root)
     markers = store.markers()
     failures = store.failures()
-    success = _read_json(layout.success)
+    problems: list[str] = []
+    success = _read_json(layout.success, problems)
     total = len(plan) if plan else 0
     rows: dict[str, int] = {}
     for m in markers.values():
@@ -94,6 +98,7 @@ def output_status(output_uri: str) -> dict[str, Any]:
         "runs": dict(sorted(collections.Counter(
             m.ran_on.get("run_id", "") for m in markers.values()).items())),
         "writer": _writer(output_uri),
+        "problems": problems,
     }
 
 
@@ -107,11 +112,20 @@ def _writer(output_uri: str) -> dict[str, Any] | None:
             "pid": record.pid, "holder": record.describe()}
 
 
-def _read_json(uri: str) -> dict[str, Any]:
+def _read_json(uri: str, problems: list[str]) -> dict[str, Any]:
+    """The JSON object at ``uri``; ``{}`` if there is none, or (with a line added to
+    ``problems``) if it is not a JSON object: empty, cut short, damaged."""
     try:
-        return json.loads(fs.read_bytes(uri))
+        value = json.loads(fs.read_bytes(uri))
     except FileNotFoundError:
         return {}
+    except ValueError as e:          # JSONDecodeError, UnicodeDecodeError
+        problems.append(f"unreadable {uri}: {e}"[:500])
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"unreadable {uri}: a JSON {type(value).__name__}, not an object")
+        return {}
+    return value
 
 
 def exit_code(status: dict[str, Any]) -> int:
@@ -144,10 +158,11 @@ def format_status(status: dict[str, Any]) -> str:
     ]
     unread = inputs.get("unread_by_extension") or {}
     if unread:
-        lines.append("  not read (extension not listed or not a supported container): "
+        lines.append("  not read (unlisted extension or container, unpaired sidecar, not a file): "
                      + ", ".join(f"{ext or '(none)'}={n}" for ext, n in sorted(unread.items())))
     lines += [f"  warning: {w}" for w in inputs.get("warnings", [])]
     lines += [f"  FAILED {pid}: {err}" for pid, err in s["partitions_failed"].items()]
+    lines += [f"  warning: {p}" for p in s.get("problems") or []]
     d = s.get("dedup")
     if d:
         state = "complete" if d["complete"] else \

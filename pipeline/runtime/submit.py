@@ -10,9 +10,13 @@ reaches the cluster in one of two ways:
 - ``installed``: the cluster image already has mmpipe (the Dockerfile); only the spec file
   is uploaded, so its inputs and outputs must be absolute or ``s3://`` URIs.
 
-``.env`` files (any ``.env`` / ``.env.*``) and, when it is a local path inside the working
-dir, the job's output location are left out of the upload too. ``--env`` values never
-go into the job's ``runtime_env.env_vars`` (the job API shows those to anyone): they
+``.env`` files (any ``.env`` / ``.env.*``), credential-looking files and folders
+(``CREDENTIAL_EXCLUDES``: ``.aws/``, ``.ssh/``, ``.ray/``, ``*.pem``, ``*.key``, ``id_rsa*``,
+``credentials*``, ``.netrc``, ``*token``, ...; ``--exclude PATTERN`` adds more, gitignore
+syntax) and, when it is a local path inside the working dir, the job's output location
+are left out of the upload too; ``submit`` prints how many files it uploads and names
+the credential-looking ones it left out (``upload_plan``, Ray's own matcher). ``--env``
+values never go into the job's ``runtime_env.env_vars`` (the job API shows those to anyone): they
 travel in a package of their own (``pipeline.runtime.job_env``).
 
 The Ray auth token (Ray >= 2.52 token authentication; KubeRay ``authOptions``) is read from
@@ -45,6 +49,20 @@ DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "output", "bench/out", "tests",
                         ".pytest_cache", "*.egg-info", "**/__pycache__", "*.pyc",
                         ".env", ".env.*", "**/.env", "**/.env.*"]
+#: Credential-looking names never uploaded with a working_dir (gitignore syntax, matched
+#: at any depth by Ray's own matcher): cloud/SSH/Ray/GPG/Docker/Kubernetes config folders,
+#: private keys and keystores, credential and token files, netrc-style password files.
+#: ``--exclude PATTERN`` (``mmpipe submit``) adds more. ``*token`` and friends are narrow on
+#: purpose: a model's ``tokenizer.json`` must still travel.
+CREDENTIAL_EXCLUDES = [".aws/", ".ssh/", ".ray/", ".gnupg/", ".docker/", ".kube/",
+                       ".config/gcloud/", ".azure/", "*.pem", "*.key", "*.p12", "*.pfx",
+                       "*.jks", "*.keystore", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",
+                       "credentials*", "*-credentials*", "*_credentials*", "*secret*",
+                       ".netrc", "_netrc", ".pgpass", ".git-credentials", ".npmrc", ".pypirc",
+                       "*token", "*.token", "*token.txt", "*token.json", "*token.yaml",
+                       "auth_token*", "kubeconfig*", "*.kubeconfig"]
+#: Excluded files named on the console (the rest are counted).
+SHOW_EXCLUDED = 50
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # ``mmpipe run`` sets these itself (ray.init runtime_env); Ray refuses a job whose
 # runtime_env sets the same variable, so they may not be passed with --env.
@@ -56,10 +74,64 @@ class SubmitError(MmpipeError):
 
 
 @dataclasses.dataclass(frozen=True)
+class UploadPlan:
+    """What a submission uploads: ``files`` (paths relative to ``root``, sorted),
+    ``size_bytes`` (their total) and ``excluded`` (the credential-looking and
+    ``--exclude``-matched files left out, relative to ``root``, sorted)."""
+
+    root: str
+    files: tuple[str, ...]
+    size_bytes: int
+    excluded: tuple[str, ...]
+
+    def describe(self) -> str:
+        """Two lines for the console: the count and size, then what was left out."""
+        lines = [(f"  upload:    {len(self.files)} files, {self.size_bytes / 2**20:.1f} MiB "
+                  f"from {self.root}")]
+        shown = ", ".join(self.excluded[:SHOW_EXCLUDED]) if self.excluded else "none"
+        more = len(self.excluded) - SHOW_EXCLUDED
+        lines.append(f"  excluded:  {shown}{f' and {more} more' if more > 0 else ''} "
+                     "(credential-looking or --exclude)")
+        return "\n".join(lines)
+
+
+def upload_plan(root: Path, pruned: list[str],
+                named: list[str] | tuple[str, ...] = ()) -> UploadPlan:
+    """The files Ray uploads from the working dir ``root`` with the excludes ``pruned +
+    named`` (Ray's own traversal and gitignore matcher, ``ray._private.runtime_env.
+    packaging``, honouring ``.gitignore`` files as Ray does), and the files ``named``
+    leaves out (``CREDENTIAL_EXCLUDES`` and ``--exclude`` patterns)."""
+    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
+
+    others = list(pruned)
+    cred = _get_excludes(root, list(named)) if named else (lambda p: False)
+    files: list[str] = []
+    excluded: list[str] = []
+    total = 0
+
+    def seen(p: Path) -> None:
+        nonlocal total
+        if not p.is_file():
+            return
+        rel = p.relative_to(root).as_posix()
+        if cred(p):
+            excluded.append(rel)
+        else:
+            files.append(rel)
+            total += p.stat().st_size
+
+    # the other excludes prune as Ray prunes; the named ones classify what remains
+    gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
+    _dir_travel(root, [_get_excludes(root, others)], seen, include_gitignore=gitignore)
+    return UploadPlan(str(root), tuple(sorted(files)), total, tuple(sorted(excluded)))
+
+
+@dataclasses.dataclass(frozen=True)
 class Submission:
     submission_id: str
     address: str
     entrypoint: str
+    upload: UploadPlan | None = None
 
     @property
     def dashboard_url(self) -> str:
@@ -163,8 +235,13 @@ def submit(spec_path: str, run_argv: list[str], *, address: str | None = None,
            working_dir: str | None = None, installed: bool = False,
            env: dict[str, str] | None = None, job_name: str = "job",
            submission_id: str | None = None, metadata: dict[str, str] | None = None,
-           output_uri: str | None = None) -> Submission:
+           output_uri: str | None = None, exclude: list[str] | tuple[str, ...] = (),
+           out=None) -> Submission:
     """Submit ``mmpipe run`` for ``spec_path``; ``run_argv`` are the run options after SPEC.
+
+    The working dir is uploaded without ``WORKING_DIR_EXCLUDES``, ``CREDENTIAL_EXCLUDES``,
+    ``exclude`` (more gitignore patterns) and a local output inside it; ``out`` (a text
+    stream, e.g. ``sys.stdout``): where ``UploadPlan.describe`` is printed before the upload.
 
     The job's Python is this process's interpreter when the head is on a loopback address
     and not ``installed`` (``entrypoint``), else ``python`` on the head's PATH. ``env``
@@ -180,31 +257,43 @@ def submit(spec_path: str, run_argv: list[str], *, address: str | None = None,
         staging = Path(tempfile.mkdtemp(prefix="mmpipe-submit-"))
         shutil.copy(spec, staging / spec.name)
         root, spec_rel = staging, spec.name
-        excludes: list[str] = []
+        pruned: list[str] = []
+        named: list[str] = []
     else:
         root = Path(working_dir).resolve() if working_dir else find_checkout(Path.cwd())
         if not spec.is_relative_to(root):
             raise SubmitError(f"{spec_path}: the spec must be inside the working dir {root} "
                               "(it is uploaded with it)")
         spec_rel = spec.relative_to(root).as_posix()
-        excludes = WORKING_DIR_EXCLUDES + output_exclude(root, output_uri)
+        pruned = WORKING_DIR_EXCLUDES + output_exclude(root, output_uri)
+        named = CREDENTIAL_EXCLUDES + list(exclude)
+    excludes = pruned + named
     python = None if installed or not is_loopback(address) else sys.executable
     command = entrypoint(run_args(spec_rel, [], None, None, None) + run_argv, python)
     runtime_env: dict = {"working_dir": str(root), "excludes": excludes, "env_vars": {}}
-    secrets = Path(tempfile.mkdtemp(prefix="mmpipe-env-")) if env else None
-    if secrets:
-        pkg = job_env.write_package(dict(env), secrets)
-        runtime_env["py_modules"] = [str(pkg)]
-        runtime_env["env_vars"] = {job_env.ENV_MODULE: pkg.name}
+    secrets = None
     sid = submission_id or f"mmpipe-{job_name}-{uuid.uuid4().hex[:8]}"
     try:
+        plan = upload_plan(root, pruned, named)
+        if spec_rel not in plan.files:
+            raise SubmitError(f"{spec_path}: the spec itself is excluded from the upload "
+                              f"({', '.join(plan.excluded) or 'by an exclude pattern'}); "
+                              "rename it")
+        if out is not None:
+            print(plan.describe(), file=out)
+            out.flush()
+        secrets = Path(tempfile.mkdtemp(prefix="mmpipe-env-")) if env else None
+        if secrets:
+            pkg = job_env.write_package(dict(env), secrets)
+            runtime_env["py_modules"] = [str(pkg)]
+            runtime_env["env_vars"] = {job_env.ENV_MODULE: pkg.name}
         jobs = client(address)
         sid = _submit_with_retry(jobs, command, runtime_env, sid, metadata or {})
     finally:
         for tmp in (staging, secrets):
             if tmp:
                 shutil.rmtree(tmp, ignore_errors=True)
-    return Submission(sid, jobs.get_address(), command)
+    return Submission(sid, jobs.get_address(), command, plan)
 
 
 def _submit_with_retry(jobs, entrypoint: str, runtime_env: dict, sid: str,

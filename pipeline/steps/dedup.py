@@ -3,7 +3,10 @@
 Exact: a row whose source ``sha256`` equals an earlier kept row's. Near: a row whose
 64-bit ``phash`` is within ``max_hamming_distance`` bits of an earlier kept row's (``phash``
 is an int64 holding the 64 bits, ``steps.image.phash64``; it is compared as uint64, so the
-sign bit counts like any other).
+sign bit counts like any other). A row flagged ``low_detail`` (``media.transform.low_detail``:
+a solid colour, 1x1 image or plain gradient, whose pHash says nothing about the image) is
+never a near duplicate nor kept for near matching: only its sha256 is compared. The
+column is optional (absent: every pHash is used), so it is not in ``reads``.
 Duplicates get ``status="rejected"``, ``reject_reason="duplicate"``, ``duplicate_of``
 (the kept row's key) and ``duplicate_hamming`` (bits; 0 for an exact byte match).
 The first occurrence in partition order is kept. Memory: 8 bytes per kept pHash (an
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.columns import DUPLICATE_HAMMING, DUPLICATE_OF, KEY, PHASH, REJECT_REASON, SHA256
+from pipeline.columns import (DUPLICATE_HAMMING, DUPLICATE_OF, KEY, LOW_DETAIL, PHASH,
+                              REJECT_REASON, SHA256)
 from pipeline.records import RejectReason
 from pipeline.spec import DedupSpec
 from pipeline.steps.base import Filter
@@ -59,6 +63,9 @@ class DedupStep(Filter):
 
     def reject_reason(self, batch, i):
         sha, ph, key = batch[SHA256][i], batch[PHASH][i], batch[KEY][i]
+        low = batch.get(LOW_DETAIL)
+        if low is not None and low[i]:
+            ph = None                    # a flat image's pHash is not evidence of anything
         hit = (self._sha[sha], 0) if self.spec.exact and sha in self._sha else None
         hit = hit or (self._near(ph) if ph is not None else None)
         if hit:

@@ -7,17 +7,31 @@ and are dropped by ``ResizeStep`` once the output ``image`` bytes are made.
 from __future__ import annotations
 
 import hashlib
+import posixpath
+from urllib.parse import unquote
 
 
 from pipeline.columns import (DECODE_FLAGS, DEVICE_INPUT, FORMAT, HAS_ALPHA, HEIGHT, IMAGE,
-                              IMAGE_HEIGHT, IMAGE_WIDTH, IS_ANIMATED, MIME, N_FRAMES, PHASH,
-                              PIXELS, SHA256, SOURCE_BYTES, STATUS, WIDTH, Batch)
+                              IMAGE_HEIGHT, IMAGE_WIDTH, IS_ANIMATED, LOW_DETAIL, MIME, N_FRAMES,
+                              PHASH, PIXELS, SHA256, SOURCE_BYTES, SOURCE_URI, STATUS, WIDTH,
+                              Batch)
 from pipeline.records import RejectReason
 from pipeline.spec import DecodeSpec, FilterSpec, ResizeSpec
 from pipeline.steps.base import Filter, RowStep, Step
 from pipeline.media.decode import decode_image, decoded_size
 from pipeline.media.device import PHASH_DRAFT_PX, JpegInput, device_input
-from pipeline.media.transform import encode, phash64, resize_pixels
+from pipeline.media.transform import encode, phash_and_low_detail, resize_pixels
+
+
+def source_extension(batch: Batch, i: int) -> str | None:
+    """The extension (".tga", lower case) of row ``i``'s media name in ``source_uri``: the
+    WebDataset member after ``#``, else the path without a query; None if it has none.
+    ``decode_image`` uses it only for bytes without a known signature."""
+    uri = (batch.get(SOURCE_URI) or [None] * (i + 1))[i]
+    if not isinstance(uri, str):
+        return None
+    name = uri.rsplit("#", 1)[1] if "#" in uri else uri.split("?", 1)[0]
+    return posixpath.splitext(unquote(name.rsplit("/", 1)[-1]))[1].lower() or None
 
 
 class DecodeStep(RowStep):
@@ -33,7 +47,7 @@ class DecodeStep(RowStep):
     (str) the row is decoded here as usual.
     """
 
-    reads = (SOURCE_BYTES,)
+    reads = (SOURCE_BYTES, SOURCE_URI)
     writes = (PIXELS, WIDTH, HEIGHT, MIME, FORMAT, N_FRAMES, IS_ANIMATED, HAS_ALPHA,
               DECODE_FLAGS)
 
@@ -54,12 +68,13 @@ class DecodeStep(RowStep):
         """Header estimate of row ``i``'s ``_pixels`` (bytes; ``decode.decoded_size``): a
         JPEG the model actor will decode (``decode.device: cuda``) is held here only as its
         ``PHASH_DRAFT_PX`` draft."""
-        return decoded_size(batch[SOURCE_BYTES][i] or b"", self._draft(batch, i))
+        return decoded_size(batch[SOURCE_BYTES][i] or b"", self._draft(batch, i),
+                            source_extension(batch, i))
 
     def process_row(self, batch, i):
         draft = self._draft(batch, i)
         img = decode_image(batch[SOURCE_BYTES][i], max_pixels=self.spec.max_pixels,
-                           draft_min_side_px=draft)
+                           draft_min_side_px=draft, ext=source_extension(batch, i))
         device = {DEVICE_INPUT: batch[DEVICE_INPUT][i]} if self.spec.device == "cuda" else {}
         return {PIXELS: img.pixels, WIDTH: img.width, HEIGHT: img.height, MIME: img.mime,
                 FORMAT: img.format, N_FRAMES: img.n_frames, IS_ANIMATED: img.is_animated,
@@ -111,17 +126,20 @@ class HashStep(Step):
     hash_size=8) of the decoded pixels, as ``phash64`` gives it (int64); None for rows
     without pixels. (A row the model actor decodes, ``decode.device: cuda``, has only a
     JPEG draft of >= ``PHASH_DRAFT_PX`` pixels here: its pHash may differ from a ``cpu``
-    job's by a few bits.)
+    job's by a few bits.) ``low_detail``: ``media.transform.low_detail`` of the same DCT
+    (a flat image: its pHash is kept but near dedup does not use it); None without pixels.
     """
 
     reads = (SOURCE_BYTES,)
-    writes = (SHA256, PHASH)
+    writes = (SHA256, PHASH, LOW_DETAIL)
 
     def __call__(self, batch: Batch) -> Batch:
         batch[SHA256] = [hashlib.sha256(b).hexdigest() if b is not None else None
                          for b in batch[SOURCE_BYTES]]
-        batch[PHASH] = [phash64(p) if p is not None else None
-                        for p in batch.get(PIXELS, [None] * len(batch[SHA256]))]
+        hashed = [phash_and_low_detail(p) if p is not None else (None, None)
+                  for p in batch.get(PIXELS, [None] * len(batch[SHA256]))]
+        batch[PHASH] = [h for h, _ in hashed]
+        batch[LOW_DETAIL] = [low for _, low in hashed]
         return batch
 
 

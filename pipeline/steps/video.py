@@ -24,17 +24,31 @@ Any mode keeps at most ``spec.max_frames`` frames: more candidates are thinned e
 Frames are PTS-timed: ``frame.time`` (= pts * time_base). A frame without pts gets the
 previous frame's time plus its duration. Only the chosen frames are converted to RGB.
 
-Rotation: FFmpeg exports the container's display matrix (MP4/MOV ``tkhd`` matrix, the
-old ``rotate`` tag) as frame side data; PyAV >= 13 reads it as ``frame.rotation`` =
-``av_display_rotation_get()``, the angle in degrees by which the matrix turns the coded
-picture COUNTER-clockwise, in [-180, 180]. ``np.rot90(a, k)`` also turns
-counter-clockwise, so the upright picture is ``np.rot90(a, round(rotation / 90))``.
-``rotation_deg`` reports the CLOCKWISE angle applied, ``(-rotation) % 360`` - the value
-of ffprobe's legacy ``rotate`` tag and of the ``theta`` the ffmpeg CLI autorotates by
-(``theta == 90`` -> ``transpose=clock``). A phone clip tagged ``rotate=90`` has
-``frame.rotation == -90`` and is turned 90 degrees clockwise. Angles that are not a
-multiple of 90 are rounded to the nearest one; mirrored matrices (a flip) are not
-handled. The rotation of the first decoded frame is applied to every frame.
+Display matrix: FFmpeg exports the container's display matrix (MP4/MOV ``tkhd`` matrix,
+the old ``rotate`` tag) as frame side data (``AV_FRAME_DATA_DISPLAYMATRIX``). The whole
+matrix is applied, mirrors included (``media.video.orientation_of``): any of the 8
+symmetries of the rectangle - quarter turns, a left-right or top-bottom mirror, a
+transpose - gives the frames a player shows, and ``rotation_deg`` the CLOCKWISE angle
+(0/90/180/270) applied after a left-right mirror when ``decode_flags`` has ``mirrored``
+(a top-bottom mirror is ``mirrored`` + 180). A phone clip tagged ``rotate=90`` is turned
+90 degrees clockwise, as ffmpeg's CLI autorotate does. A matrix that is none of the 8
+(45 degrees, a shear, a perspective) is not applied: the frames stay as coded and
+``decode_flags`` has ``display_matrix_unsupported``. The matrix of the first decoded
+frame is applied to every frame.
+
+Confinement: FFmpeg reads the one file and nothing else (``media.video._Input``):
+containers that name other files (HLS, DASH, ffconcat, image sequences) are an
+``unsupported_format`` error row unless ``video.allow_playlists``.
+
+Frame budget: the sampled frames of one row never hold more than ``runtime.max_batch_bytes``
+(``media.video._FrameStore``): frames that would are halved in width and height until they
+fit (``decode_flags``: ``frames_downscaled``; ``width``/``height`` stay the full size); a
+video that would need frames under 16 pixels a side is a ``too_large`` error row naming
+the budget.
+
+Near hash: ``phash`` is the pHash of a 2 x 2 mosaic of 4 frames spread over the sample
+(``media.video.near_hash``), never of one frame, so videos that share a black middle frame
+are not near duplicates; ``low_detail`` when every tiled frame is flat.
 
 Video stream: FFmpeg's best video stream (``av_find_best_stream``) among the streams
 that are not an attached picture. A stream with ``AV_DISPOSITION_ATTACHED_PIC``
@@ -63,17 +77,44 @@ from __future__ import annotations
 
 import io
 
-
-from pipeline.columns import (DECODE_ERRORS, DURATION_S, FORMAT, FPS, FRAME_COUNT,
-                              FRAME_TIMESTAMPS_S, FRAMES, FRAMES_ENCODED, HEIGHT, IMAGE,
-                              IMAGE_HEIGHT, IMAGE_WIDTH, MIME, PARTIAL, PHASH, ROTATION_DEG,
-                              SHA256, SOURCE_PATH, STATUS, VIDEO_CODEC, WIDTH, Batch)
+from pipeline.columns import (
+    DECODE_ERRORS,
+    DECODE_FLAGS,
+    DURATION_S,
+    FORMAT,
+    FPS,
+    FRAME_COUNT,
+    FRAME_TIMESTAMPS_S,
+    FRAMES,
+    FRAMES_ENCODED,
+    HEIGHT,
+    IMAGE,
+    IMAGE_HEIGHT,
+    IMAGE_WIDTH,
+    LOW_DETAIL,
+    MIME,
+    PARTIAL,
+    PHASH,
+    ROTATION_DEG,
+    SHA256,
+    SOURCE_PATH,
+    STATUS,
+    VIDEO_CODEC,
+    WIDTH,
+    Batch,
+)
 from pipeline.errors import RecordError
+from pipeline.media.transform import resize_pixels
+from pipeline.media.video import (
+    av_module,
+    decode_video,
+    decoded_frames_bytes,
+    file_sha256,
+    near_hash,
+)
 from pipeline.records import ErrorReason
 from pipeline.spec import ResizeSpec, VideoSpec
 from pipeline.steps.base import RowStep
-from pipeline.media.transform import phash64, resize_pixels
-from pipeline.media.video import av_module, decode_video, decoded_frames_bytes, file_sha256
 
 
 class VideoDecodeStep(RowStep):
@@ -83,16 +124,23 @@ class VideoDecodeStep(RowStep):
     (display pixels), ``mime``, ``format`` (container), ``duration_s``, ``fps`` (measured),
     ``frame_count`` (decoded), ``frame_timestamps_s`` (seconds), ``partial``,
     ``rotation_deg``, ``video_codec``, ``sha256`` (hex, of the file), ``phash`` (64-bit
-    pHash of the middle sampled frame, as in ``HashStep``), ``decode_errors``.
+    pHash of a mosaic of 4 sampled frames, ``media.video.near_hash``), ``low_detail``
+    (every hashed frame flat: near dedup skips the row), ``decode_flags`` (``mirrored``,
+    ``display_matrix_unsupported``, ``frames_downscaled``: ``media.video.VideoInfo``),
+    ``decode_errors``.
+
+    ``frame_budget_bytes``: the most bytes one row's sampled frames hold
+    (``runtime.max_batch_bytes``; None: unbounded; module doc, "Frame budget").
     """
 
     reads = (SOURCE_PATH,)
     writes = (FRAMES, WIDTH, HEIGHT, MIME, FORMAT, DURATION_S, FPS, FRAME_COUNT,
               FRAME_TIMESTAMPS_S, PARTIAL, ROTATION_DEG, VIDEO_CODEC, SHA256, PHASH,
-              DECODE_ERRORS)
+              LOW_DETAIL, DECODE_FLAGS, DECODE_ERRORS)
 
-    def __init__(self, spec: VideoSpec):
+    def __init__(self, spec: VideoSpec, frame_budget_bytes: int | None = None):
         self.spec = spec
+        self.frame_budget_bytes = frame_budget_bytes
 
     def setup(self) -> None:
         """Import PyAV (FFmpeg) now, once: without it a video job fails at assembly, not
@@ -100,24 +148,27 @@ class VideoDecodeStep(RowStep):
         av_module()
 
     def settings(self):
-        return self.spec.model_dump(mode="json", exclude={"temp_dir"})  # where, not what
+        return {**self.spec.model_dump(mode="json", exclude={"temp_dir"}),  # where, not what
+                "frame_budget_bytes": self.frame_budget_bytes}
 
     def decoded_bytes(self, batch, i):
-        """Header estimate of row ``i``'s ``_frames`` (bytes; ``decoded_frames_bytes``)."""
+        """Header estimate of row ``i``'s ``_frames`` (bytes; ``decoded_frames_bytes``),
+        at most the frame budget."""
         path = batch[SOURCE_PATH][i]
-        return decoded_frames_bytes(path, self.spec) if path else 0
+        return decoded_frames_bytes(path, self.spec, self.frame_budget_bytes) if path else 0
 
     def process_row(self, batch, i):
         path = batch[SOURCE_PATH][i]
         if not path:
             raise RecordError(ErrorReason.READ_FAILED.value, "no local video file")
-        info = decode_video(path, self.spec)
+        info = decode_video(path, self.spec, frame_budget_bytes=self.frame_budget_bytes)
+        phash, low = near_hash(info.frames)
         return {FRAMES: info.frames, WIDTH: info.width, HEIGHT: info.height, MIME: info.mime,
                 FORMAT: info.container, DURATION_S: info.duration_s, FPS: info.fps,
                 FRAME_COUNT: info.frame_count, FRAME_TIMESTAMPS_S: info.timestamps_s,
                 PARTIAL: info.partial, ROTATION_DEG: info.rotation_deg,
                 VIDEO_CODEC: info.codec, SHA256: file_sha256(path),
-                PHASH: phash64(info.frames[len(info.frames) // 2]),
+                PHASH: phash, LOW_DETAIL: low, DECODE_FLAGS: list(info.flags),
                 DECODE_ERRORS: info.decode_errors}
 
 

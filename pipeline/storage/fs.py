@@ -27,7 +27,7 @@ import tempfile
 import posixpath
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow.fs as pafs
 
@@ -46,14 +46,100 @@ class FileEntry:
     mtime_s: float | None = None
 
 
+#: ``storage.local_permissions`` -> (file mode, folder mode) of what is created locally.
+PERMISSIONS: dict[str, tuple[int, int]] = {"owner": (0o600, 0o700), "group": (0o640, 0o750),
+                                           "all": (0o644, 0o755)}
+_modes: tuple[int, int] = PERMISSIONS["owner"]
+
+
 def configure(endpoint_url: str | None = None, region: str | None = None,
               max_attempts: int = 8, max_concurrency_per_prefix: int = 64,
-              from_env: bool = True) -> None:
-    """Set this process's object-store endpoint/region and retry policy. ``from_env=False``
-    (actors of a job): None means AWS itself, not this process's ``AWS_ENDPOINT_URL*``
-    / ``AWS_REGION`` (see ``resolved_storage``)."""
+              from_env: bool = True, local_permissions: str = "owner",
+              outage_s: float = 300.0) -> None:
+    """Set this process's object-store endpoint/region, retry policy and the modes of the
+    local files and folders it creates (``local_permissions``: a key of ``PERMISSIONS``;
+    ``ValueError`` for another). ``from_env=False`` (actors of a job): None means AWS
+    itself, not this process's ``AWS_ENDPOINT_URL*`` / ``AWS_REGION`` (see
+    ``resolved_storage``)."""
+    if local_permissions not in PERMISSIONS:
+        raise ValueError(f"local_permissions {local_permissions!r}: one of {sorted(PERMISSIONS)}")
     s3.configure(endpoint_url, region, from_env)
-    retry.configure(max_attempts, max_concurrency_per_prefix)
+    retry.configure(max_attempts, max_concurrency_per_prefix, outage_s)  # outage_s: retry.py
+    set_local_permissions(local_permissions)
+
+
+def set_local_permissions(local_permissions: str = "owner") -> None:
+    """Set only the modes of what this process creates locally (``configure``'s
+    ``local_permissions``; ``ValueError`` for a name not in ``PERMISSIONS``)."""
+    global _modes
+    if local_permissions not in PERMISSIONS:
+        raise ValueError(f"local_permissions {local_permissions!r}: one of {sorted(PERMISSIONS)}")
+    _modes = PERMISSIONS[local_permissions]
+
+
+def local_modes() -> tuple[int, int]:
+    """``(file mode, folder mode)`` this process gives the local files and folders it
+    creates (``configure``; default owner-only, 0600/0700)."""
+    return _modes
+
+
+def make_dirs(path: str) -> None:
+    """Create the local directory ``path`` and its missing parents, each with the folder
+    mode of ``local_modes`` set exactly (not masked by the umask); existing ones are left
+    as they are. Raises ``OSError``."""
+    missing = []
+    head = os.path.abspath(path)
+    while not os.path.isdir(head):
+        missing.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, _modes[1])
+        except FileExistsError:
+            if not os.path.isdir(d):
+                raise
+            continue
+        os.chmod(d, _modes[1])
+
+
+def restrict_local_tree(path: str) -> None:
+    """Give every file and folder below the local directory ``path`` (not ``path``
+    itself) the modes of ``local_modes``: for files a library wrote with its own modes
+    (``mmpipe export``'s ``pyarrow.dataset.write_dataset``). Raises ``OSError``."""
+    for top, dirs, files in os.walk(path):
+        for name in dirs:
+            os.chmod(os.path.join(top, name), _modes[1])
+        for name in files:
+            os.chmod(os.path.join(top, name), _modes[0])
+
+
+def open_new_local(path: str, exclusive: bool = False):
+    """A binary file object writing the local file ``path`` (truncated if it exists;
+    ``exclusive``: ``FileExistsError`` if it does), created with the file mode of
+    ``local_modes`` set exactly, its parent folders by ``make_dirs``. Raises ``OSError``."""
+    make_dirs(os.path.dirname(os.path.abspath(path)))
+    flags = (os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+             | (os.O_EXCL if exclusive else os.O_TRUNC))
+    fd = os.open(path, flags, _modes[0])
+    try:
+        os.fchmod(fd, _modes[0])
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "wb")
+
+
+def open_output(uri: str):
+    """A ``pyarrow`` output stream writing ``uri``: local files are created first with
+    ``open_new_local``'s modes (pyarrow keeps the mode of a file it truncates); S3 objects
+    have no mode. Raises ``OSError``/``StorageError``."""
+    fsys, path = resolve(uri)
+    if is_local(uri):
+        open_new_local(path).close()
+    return fsys.open_output_stream(path)
 
 
 def resolved_storage() -> dict[str, str | None]:
@@ -294,10 +380,7 @@ class HashingOutput:
     """
 
     def __init__(self, uri: str):
-        fsys, path = resolve(uri)
-        if is_local(uri):
-            fsys.create_dir(posixpath.dirname(path), recursive=True)
-        self._stream = fsys.open_output_stream(path)
+        self._stream = open_output(uri)
         self._sha = hashlib.sha256()
         self.size = 0
         self.closed = False
@@ -330,15 +413,37 @@ class HashingOutput:
 
 
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write a whole object (creating parent directories on local filesystems)."""
+    """Write a whole object, atomically: a reader sees the old content or the new, never
+    a part (a full disk, a crash mid-write). Local: ``write_local_atomic`` (parent
+    directories created); S3: one ``PutObject``, atomic by itself."""
     fsys, path = _for_call(uri)
 
     def write() -> None:
         if is_local(uri):
-            fsys.create_dir(posixpath.dirname(path), recursive=True)
+            write_local_atomic(path, lambda f: f.write(data))
+            return
         with fsys.open_output_stream(path) as f:
             f.write(data)
     with_retries(uri, "write", write)
+
+
+def write_local_atomic(path: str, write: Callable[[Any], object]) -> None:
+    """Fill the local file ``path`` atomically: ``write(f)`` writes a new temporary file
+    beside it (``<name>.tmp-<hex>``, modes of ``open_new_local``), which is flushed,
+    ``fsync``-ed and renamed over ``path`` (``os.replace``: atomic on POSIX). If ``write``
+    or any step raises, the temporary file is removed and ``path`` is left as it was;
+    the exception propagates (``OSError``, e.g. ENOSPC)."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        with open_new_local(tmp, exclusive=True) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def create_exclusive(uri: str, data: bytes) -> bool:
@@ -351,22 +456,23 @@ def create_exclusive(uri: str, data: bytes) -> bool:
     if s3.is_s3(uri):
         return with_retries(uri, "conditional put", lambda: s3.put_if_absent(uri, data))
     _, path = resolve(uri)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     try:
+        with open_new_local(tmp, exclusive=True) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.link(tmp, path)
         return True
     except FileExistsError:
         return False
-    finally:
-        os.unlink(tmp)
+    finally:                     # also when the write failed (a full disk): no partial file
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
-def list_files(uri: str) -> Iterator[FileEntry]:
+def list_files(uri: str, skipped: Callable[[str, str], None] | None = None
+               ) -> Iterator[FileEntry]:
     """Yield the files under the prefix ``uri`` in sorted order; a missing prefix yields nothing.
 
     Sorted means ascending ``FileEntry.uri`` as Python ``str`` comparison (code point
@@ -382,6 +488,9 @@ def list_files(uri: str) -> Iterator[FileEntry]:
     (undecodable bytes -> lone surrogates; ``display_uri`` for text). Raises
     ``StorageError`` (an ``OSError``) if a local ``uri`` is a file or a directory under it
     cannot be read, and for S3 errors; ``ValueError`` for an unsupported scheme.
+    ``skipped(uri, kind)``, if given, is called for each local entry that is neither a
+    regular file nor a directory (``kind``: ``fifo``, ``socket``, ``character device``,
+    ``block device``, ``dangling link``), so a caller can account for it.
     """
     if s3.is_s3(uri):
         token = None
@@ -394,13 +503,27 @@ def list_files(uri: str) -> Iterator[FileEntry]:
     if not is_local(uri):
         resolve(uri)                    # ValueError: unsupported scheme
     root = _local_bytes(uri)
-    entries = with_retries(display_uri(uri), "list", lambda: _walk_local(root, uri))
+    odd: list[tuple[str, str]] = []
+
+    def walk() -> list[FileEntry]:
+        odd.clear()
+        return _walk_local(root, uri, odd)
+    entries = with_retries(display_uri(uri), "list", walk)
+    if skipped is not None:
+        for name, kind in sorted(odd):
+            skipped(name, kind)
     entries.sort(key=lambda e: e.uri)
     yield from entries
 
 
-def _walk_local(root: bytes, uri: str) -> list[FileEntry]:
-    """Every regular file under the local directory ``root`` (raw bytes), unsorted."""
+_ODD_KINDS = ((stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"),
+              (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+
+
+def _walk_local(root: bytes, uri: str,
+                odd: list[tuple[str, str]] | None = None) -> list[FileEntry]:
+    """Every regular file under the local directory ``root`` (raw bytes), unsorted; the
+    other entries that are not directories go to ``odd`` as ``(uri, kind)``."""
     out: list[FileEntry] = []
     try:
         st = os.stat(root)
@@ -420,6 +543,8 @@ def _walk_local(root: bytes, uri: str) -> list[FileEntry]:
             try:
                 est = entry.stat()         # follows symlinks
             except OSError:                # a dangling link, or gone meanwhile
+                if odd is not None and entry.is_symlink():
+                    odd.append((uri_from_bytes(entry.path), "dangling link"))
                 continue
             if stat.S_ISDIR(est.st_mode):
                 ident = (est.st_dev, est.st_ino)
@@ -427,6 +552,9 @@ def _walk_local(root: bytes, uri: str) -> list[FileEntry]:
                     stack.append((entry.path, ancestors | {ident}))
             elif stat.S_ISREG(est.st_mode):
                 out.append(FileEntry(uri_from_bytes(entry.path), est.st_size, est.st_mtime))
+            elif odd is not None:
+                kind = next((k for test, k in _ODD_KINDS if test(est.st_mode)), "special file")
+                odd.append((uri_from_bytes(entry.path), kind))
     return out
 
 

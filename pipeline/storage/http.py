@@ -26,14 +26,18 @@ meta-block) is a truncated body even when the wire length matches.
 Retries are urllib3's ``Retry`` (in a ``requests`` ``HTTPAdapter``): connection errors,
 read timeouts before the response headers, and HTTP 429/500/502/503/504 are retried
 ``DownloadSpec.retries`` times with exponential backoff plus jitter, honouring
-``Retry-After`` (capped at ``RETRY_AFTER_MAX_S``). Other statuses (4xx) fail at once. A
+``Retry-After`` (capped at ``RETRY_AFTER_MAX_S``; a value that is neither whole seconds
+nor an HTTP date, e.g. ``0.5`` or junk, is ignored: that retry waits the policy's
+backoff, RFC 9110 §10.2.3). Other statuses (4xx) fail at once. A
 failure while reading the body (truncation, reset, timeout mid-body) is not retried.
 
 Egress (``pipeline.storage.egress``): every connection, redirect hops included, goes to an
 address the policy permits (by default no loopback, private, link-local, shared, multicast
 or reserved address; ``download.allow_networks``/``deny_networks``), resolved once and
 connected to as checked; a refusal is an ``egress_refused`` row, its body never read.
-At most ``download.max_redirects`` redirects are followed, to ``http``/``https`` only.
+At most ``download.max_redirects`` redirects are followed, to ``http``/``https`` only. A
+``Location`` holding raw bytes that are not UTF-8 (a Latin-1 ``é`` as byte ``E9``) is
+followed with those bytes percent-encoded (``%E9``, RFC 3986 §2.1), as browsers do.
 The environment's proxies and ``.netrc`` are not used (``trust_env`` off): a proxy would
 hide the target address from the check, and ``.netrc`` would send credentials to
 strangers' URLs.
@@ -315,6 +319,32 @@ class _Retry(Retry):
         return None if seconds is None else _until_deadline(min(seconds, RETRY_AFTER_MAX_S))
 
 
+    def parse_retry_after(self, retry_after: str) -> float | None:
+        """Seconds of a ``Retry-After`` value (delay-seconds or an HTTP date), or None
+        when it is neither (``0.5``, junk): the retry then waits the policy's backoff
+        instead of failing the download (urllib3 raises ``InvalidHeader``)."""
+        try:
+            return super().parse_retry_after(retry_after)
+        except urllib3.exceptions.InvalidHeader:
+            return None
+
+
+class _Session(requests.Session):
+    """A ``requests.Session`` whose redirects survive a ``Location`` that is not UTF-8."""
+
+    def get_redirect_target(self, resp):
+        """The redirect target of ``resp``: ``requests`` decodes the header's bytes as
+        UTF-8 (and raises ``UnicodeDecodeError`` on a raw Latin-1 byte); bytes that are
+        not valid UTF-8 are percent-encoded instead (RFC 3986 §2.1)."""
+        if not resp.is_redirect:
+            return None
+        raw = resp.headers["location"].encode("latin1", "replace")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "".join(chr(b) if b < 0x80 else f"%{b:02X}" for b in raw)
+
+
 def _until_deadline(seconds: float) -> float:
     """``seconds``, cut to what is left of the calling thread's download deadline."""
     watch = current_watch()
@@ -377,7 +407,7 @@ class HttpFetcher:
         adapter = GuardedAdapter(EgressPolicy(spec.allow_networks, spec.deny_networks),
                                  max_retries=retry, pool_connections=max(10, spec.threads),
                                  pool_maxsize=max(spec.threads, spec.max_per_host))
-        session = requests.Session()
+        session = _Session()
         session.trust_env = False  # no proxies (they hide the address) and no .netrc
         session.max_redirects = spec.max_redirects
         self._watchdog = Watchdog()

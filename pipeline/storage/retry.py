@@ -7,6 +7,12 @@ backoff and full jitter (Brooker, "Exponential Backoff And Jitter", AWS Architec
 2015). Permanent errors (403, 404, NoSuchBucket, bad credentials) are raised at once as
 ``StorageError`` naming the URI.
 
+A request is retried until it has failed ``max_attempts`` times *and* its failures have
+lasted ``outage_s`` seconds (``storage.outage_s``, default 300): a store that throttles or is
+unreachable for minutes (a 30 s SlowDown storm, an endpoint restarting) is ridden out, each
+wait at most ``max_delay_s``. Then ``StorageError`` (``gave_up=True``) names the URI, the
+attempts and the seconds; ``mmpipe run`` exits with its runtime-failure code for it.
+
 When the store says SlowDown, the request concurrency allowed for that prefix is halved;
 each success adds ``1/limit`` (additive increase, multiplicative decrease, as TCP
 congestion control). Throttled requests are counted per process (``throttled_requests``).
@@ -44,7 +50,11 @@ _TRANSIENT_TEXT = _THROTTLE_TEXT + (
 
 
 class StorageError(MmpipeError, OSError):
-    """A storage request failed permanently, or kept failing after every retry."""
+    """A storage request failed permanently (``gave_up`` False: 403, NoSuchBucket, bad
+    credentials), or kept failing with transient errors past ``RetryPolicy.outage_s``
+    (``gave_up`` True: the store was out, nothing is wrong with the job)."""
+
+    gave_up: bool = False
 
 
 def classify(exc: BaseException) -> str:
@@ -117,8 +127,10 @@ class RetryPolicy:
     """Retry settings and the per-process throttling state (one per process)."""
 
     def __init__(self, max_attempts: int = 8, base_delay_s: float = 0.05,
-                 max_delay_s: float = 5.0, max_concurrency_per_prefix: int = 64):
+                 max_delay_s: float = 5.0, max_concurrency_per_prefix: int = 64,
+                 outage_s: float = 300.0):
         self.max_attempts = max_attempts
+        self.outage_s = outage_s     # seconds of failures a request rides out (module doc)
         self.base_delay_s = base_delay_s
         self.max_delay_s = max_delay_s
         self.max_concurrency = max_concurrency_per_prefix
@@ -148,9 +160,15 @@ class RetryPolicy:
             return self.limiters[prefix]
 
     def call(self, fn: Callable[[], T], uri: str, what: str, prefix: str | None = None) -> T:
-        """Run ``fn()`` with retries; raise ``StorageError`` naming ``uri`` when it gives up."""
+        """Run ``fn()`` with retries: transient errors until ``max_attempts`` attempts have
+        failed and the first failure is ``outage_s`` seconds old. Raises ``StorageError``
+        naming ``uri`` (``gave_up`` True then), at once for a permanent error
+        (``FileNotFoundError`` as itself)."""
         limiter = self.limiter(prefix) if prefix else None
-        for attempt in range(1, self.max_attempts + 1):
+        first_failure: float | None = None
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 if limiter is None:
                     result = fn()
@@ -174,20 +192,31 @@ class RetryPolicy:
                     observer.storage_retry(kind == "throttle")
                 if kind == "throttle" and limiter is not None:
                     limiter.on_throttle()
-                if attempt == self.max_attempts:
-                    raise StorageError(f"{what} {uri}: gave up after {attempt} attempts: "
-                                       f"{type(e).__name__}: {e}") from e
-                delay = random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** attempt))
+                now = time.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                failing_s = now - first_failure
+                if attempt >= self.max_attempts and failing_s >= self.outage_s:
+                    error = StorageError(
+                        f"{what} {uri}: gave up after {attempt} attempts over {failing_s:.0f} s "
+                        f"(storage.outage_s={self.outage_s:g}): {type(e).__name__}: {e}")
+                    error.gave_up = True
+                    raise error from e
+                delay = random.uniform(0, min(self.max_delay_s,
+                                              self.base_delay_s * 2 ** min(attempt, 20)))
+                if attempt >= self.max_attempts:  # past the count: wait out the horizon only
+                    delay = min(delay, max(0.0, self.outage_s - failing_s) + 0.01)
                 log.debug("%s %s: %s (%s); retry %d in %.2fs", what, uri, kind, e, attempt, delay)
                 time.sleep(delay)
-        raise AssertionError("unreachable")
 
 
 POLICY = RetryPolicy()
 
 
-def configure(max_attempts: int, max_concurrency_per_prefix: int) -> None:
-    """Replace this process's retry policy (counters start again from 0)."""
+def configure(max_attempts: int, max_concurrency_per_prefix: int,
+              outage_s: float = 300.0) -> None:
+    """Replace this process's retry policy (counters start again from 0); ``outage_s``:
+    seconds of transient failures one request rides out (``RetryPolicy.call``)."""
     global POLICY
     POLICY = RetryPolicy(max_attempts=max_attempts,
-                         max_concurrency_per_prefix=max_concurrency_per_prefix)
+                         max_concurrency_per_prefix=max_concurrency_per_prefix,
+                         outage_s=outage_s)

@@ -148,7 +148,7 @@ image_embedding: {{enabled: true, model: {clip}, score: false}}
     assert all(stem(r["a_key"]) == stem(r["b_key"]) for r in sem)
 
     # gc removes a lost attempt's pairs file and nothing any marker names
-    stray = out / "_dedup/pairs/near/b-0002/g-000001.a-000000lost00.parquet"
+    stray = out / "_dedup/pairs/near/b-0002/g-000001.a-00000000dead.parquet"
     stray.write_bytes(b"PAR1 lost attempt")
     before_gc = latest_duplicates(str(out))
     gc = mmpipe(home, "gc", str(out), "--min-age-s", "0")

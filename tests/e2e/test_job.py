@@ -24,7 +24,7 @@ from pipeline.runtime import local_ray
 from pipeline.runtime.driver import run_job
 from pipeline.runtime.preflight import preflight
 from pipeline.spec import JobSpec
-from tests.conftest import CASES, PHOTOS, coco_captions
+from tests.conftest import CASES, PHOTOS, TRUNCATED_JPEG, coco_captions
 from tests.e2e.jobs import check_accounting
 
 
@@ -95,8 +95,7 @@ def test_mixed_real_input_end_to_end(ray_local, mixed_input, tmp_path):
     q_files = [out / f for m in markers.values() for f in m.files if f.startswith("quarantine/")]
     quarantined = {r["key"]: r for f in q_files for r in pq.read_table(f).to_pylist()}
     assert set(quarantined) == {k for k, r in rows.items() if r["status"] == "error"}
-    assert quarantined["truncated_jpeg"]["source_bytes"] == (
-        CASES / "C01_trunc" / "truncated_jpeg.jpg").read_bytes()
+    assert quarantined["truncated_jpeg"]["source_bytes"] == (CASES / TRUNCATED_JPEG).read_bytes()
     success = json.loads((out / "_SUCCESS").read_text())
     assert success["rows_by_status"] == {"ok": 13, "rejected": 2, "error": 4}
     assert success["complete"] is True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -232,3 +233,135 @@ def test_gc_every_second_during_a_job_on_s3(s3_server, s3_env, tmp_path):
     assert len(markers) == PARTITIONS
     assert json.loads(fs.read_bytes(f"{out}/_SUCCESS"))["complete"] is True
     assert gc.collect(out, margin_s=0.5).garbage == []
+
+
+# --- round 3: delete only what mmpipe wrote; leases by the storage's clock --------------
+T3_06 = Path(__file__).resolve().parents[2] / "data/cases/T3-06_gc_foreign_files"
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root``: file bytes, None for a folder."""
+    return {p.relative_to(root).as_posix(): (None if p.is_dir() else p.read_bytes())
+            for p in sorted(root.rglob("*"))}
+
+
+def test_t3_06_a_project_folder_is_refused_then_its_files_survive_gc_and_overwrite(
+        ray_local, tmp_path, capsys):
+    """Case T3-06: the project template as the output. A run refuses it before writing
+    anything, naming what is there; with sink.allow_foreign_files the job runs, and
+    neither `mmpipe gc` nor a completed `--mode overwrite` deletes the user's files."""
+    import shutil
+
+    project = tmp_path / "project"
+    shutil.copytree(T3_06 / "project_template", project)
+    users = _tree(project)
+    spec = _spec(T3_06 / "input", project, filters={"min_width_px": 1, "min_height_px": 1},
+                 sink={"webdataset": {"enabled": True}})
+    with pytest.raises(PlanError, match=r"not an mmpipe output \(it holds README.md, data, "
+                                        r"wds\)"):
+        preflight(spec, models=False)
+    with pytest.raises(PlanError, match="sink.allow_foreign_files"):
+        run_job(spec)
+    assert _tree(project) == users                          # nothing written, not even _job/
+    allowed = spec.model_copy(update={"sink": spec.sink.model_copy(
+        update={"allow_foreign_files": True})})
+    first = run_job(allowed)
+    assert first.complete and first.rows_by_status.get("ok") == 3, first.format()
+    assert {k: v for k, v in _tree(project).items() if k in users} == users
+    assert cli.main(["gc", str(project)]) == 0
+    assert {k: v for k, v in _tree(project).items() if k in users} == users
+    over = allowed.model_copy(update={
+        "runtime": allowed.runtime.model_copy(update={"mode": "overwrite"}),
+        "resize": allowed.resize.model_copy(update={"size_px": 32})})
+    second = run_job(over)
+    assert second.complete and second.fingerprint != first.fingerprint
+    left = _tree(project)
+    assert {k: v for k, v in left.items() if k in users} == users
+    assert not [k for k in left if k not in users and not k.startswith(("_generations", "_job"))]
+    assert cli.main(["gc", str(project)]) == 0
+    assert {k: v for k, v in _tree(project).items() if k in users} == users
+    assert generations.read_root(str(project)).endswith("/_generations/g-000002")
+    rows = read_output(str(project), ["status"]).to_table().to_pylist()
+    assert [r["status"] for r in rows] == ["ok"] * 3
+
+
+def test_a_gc_host_120_s_ahead_deletes_nothing_a_running_job_needs(ray_local, tmp_path):
+    """Finding 17c: gc on a host whose clock ran 120 s ahead deleted every running
+    attempt's files (the job failed). gc in a subprocess with time.time moved +120 s runs
+    every 0.2 s over 2 s leases with a 0.5 s margin while 57 photos are decoded and
+    resized in partitions of 10; the job completes, every committed file matches its
+    marker."""
+    import json as _json
+    import subprocess
+    import sys
+
+    from tests.conftest import PHOTOS, REPO
+
+    out = tmp_path / "out"
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.output.skewed_host", "120",
+                             "gc-loop", str(out), "0.5", str(stop)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not Path(f"{stop}.ready").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        report = run_job(make_spec(PHOTOS, out, source={"partition_size": 10},
+                                   text_embedding={"enabled": False},
+                                   runtime={"batch_size": 2, "num_workers": 1,
+                                            "max_attempts": 3, "lease_s": 2.0,
+                                            "lease_renew_s": 0.5}))
+    finally:
+        stop.write_text("")
+        stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    gc_run = _json.loads(stdout.strip().splitlines()[-1])
+    assert report.complete and report.partitions_total == 6, report.format()
+    assert gc_run["runs"] >= 2 and gc_run["kept_live"] >= 1, gc_run
+    markers = _verify_every_committed_file(str(out))
+    assert sorted(markers) == sorted(report.partitions_committed)
+    named = {fs.join(str(out), f) for m in markers.values() for f in m.files}
+    assert not named & set(gc_run["deleted"])
+    check_accounting(str(out))
+
+
+def test_a_driver_300_s_ahead_cannot_take_over_a_running_job(ray_local, tmp_path):
+    """Finding 17c: a driver whose clock ran 300 s ahead took over a live job's output.
+    While a real job runs, `mmpipe run` of another spec from a host 300 s ahead is refused
+    for its clock and one 20 s ahead (within the allowed skew) is refused as busy, naming
+    the running job; the job keeps its lease and completes with only its own markers."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.conftest import PHOTOS, REPO
+
+    out = tmp_path / "out"
+    spec = make_spec(PHOTOS, out, source={"partition_size": 3}, text_embedding={"enabled": False},
+                     runtime={"batch_size": 1, "num_workers": 1})
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(spec.model_copy(update={"resize": spec.resize.model_copy(
+        update={"size_px": 64})}).model_dump(mode="json", exclude_unset=True)))
+    drivers = {skew: subprocess.Popen(
+        [sys.executable, "-m", "tests.output.skewed_host", str(skew), "cli-when-leased",
+         str(out), "run", str(other), "--address", "local"], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for skew in (300, 20)}
+    job, box = _in_thread(run_job, spec)
+    seen = {}
+    for skew, proc in drivers.items():
+        log, _ = proc.communicate(timeout=180)
+        seen[skew] = (proc.returncode, log, job_lease.current_job_lease(str(out)))
+    job.join()
+    if "error" in box:
+        raise box["error"]
+    report = box["result"]
+    assert report.complete and report.partitions_total == 19, report.format()
+    code, log, _ = seen[300]
+    assert code == 2 and re.search(r"30[01] s ahead of the storage's", log), log
+    code, log, (n, holder) = seen[20]
+    assert code == 2 and f"run {report.run_id}" in log and "another job writes" in log, log
+    assert n == 1 and holder.run_id == report.run_id and not holder.released
+    assert job_lease.current_job_lease(str(out))[0] == 1         # never taken over
+    markers = _verify_every_committed_file(str(out))
+    assert {m.fingerprint for m in markers.values()} == {report.fingerprint}

@@ -75,12 +75,12 @@ def test_unread_objects_are_counted_by_extension_and_stored_in_the_plan(tmp_path
     src = make_datasource(spec, DecodeSpec())
     plan = planning.write_plan(out, src.list_inputs(), spec, None, src.plan_metadata)
     assert plan.totals() == {"inputs": 3, "rows": 3, "unread": 3, "warnings": [],
-                             "unread_by_extension": {"": 1, ".txt": 1, ".xyz": 1}}
+                             "unread_by_extension": {"": 1, ".txt (unpaired sidecar)": 1, ".xyz": 1}}
     stored = planning.read_plan(out)
     assert stored.totals() == plan.totals() and stored.rows_planned == (2, 1)
     part = planning.read_partition(out, "p-000001")
     assert part.inputs[0].uri.endswith("anim.avifs") and part.inputs[0].key == "anim"
-    assert json.loads(part.plan_metadata["unread_by_extension"]) == {"": 1, ".txt": 1, ".xyz": 1}
+    assert json.loads(part.plan_metadata["unread_by_extension"]) == {"": 1, ".txt (unpaired sidecar)": 1, ".xyz": 1}
 
 
 def test_a_manifest_is_one_input_object_however_many_partitions_it_fills(tmp_path):

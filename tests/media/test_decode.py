@@ -84,15 +84,32 @@ def quadrants(w: int = 40, h: int = 20) -> np.ndarray:
 @pytest.mark.parametrize(
     ("rel", "decoder_text"),
     [
-        ("C01_trunc/truncated_jpeg.jpg", "image file is truncated"),
         ("C02_trunc/truncated_image.png", "image file is truncated"),
         ("C03_trunc/corrupt-header.jpg", "Truncated File Read"),
     ],
 )
-def test_c01_c02_c03_truncated_is_an_error_not_a_grey_image(rel, decoder_text):
+def test_c02_c03_truncated_is_an_error_not_a_grey_image(rel, decoder_text):
     err = error_of(case(rel))
     assert err.reason == ErrorReason.TRUNCATED.value
     assert decoder_text in err.message
+
+
+def test_c01_progressive_jpeg_cut_inside_its_eoi_is_truncated():
+    """C01 ends with the 0xFF of its EOI (``…7b ff``): a byte-level cut inside a marker, so
+    it stays ``truncated`` although its ten scans are whole; the same bytes with the whole
+    EOI removed lack only the marker (T3-13's kind) and decode with ``missing_eoi``; a cut
+    one byte into its last scan is ``truncated``. No grey-filled rows: every row varies
+    (the image is noise)."""
+    data = case("C01_trunc/truncated_jpeg.jpg")
+    assert data.endswith(b"\xff") and data.count(b"\xff\xda") == 10
+    err = error_of(data)
+    assert err.reason == ErrorReason.TRUNCATED
+    d = decode_image(data[:-1])
+    assert d.flags == ("missing_eoi",)
+    assert_rgb(d, 100, 100)
+    assert (d.pixels.reshape(100, -1).std(axis=1) > 20).all()
+    assert np.array_equal(d.pixels, decode_image(data[:-1] + b"\xff\xd9").pixels)
+    assert error_of(data[:-3]).reason == ErrorReason.TRUNCATED
 
 
 # --- C06-C08: EXIF orientation -----------------------------------------------------------

@@ -59,8 +59,8 @@ def grey(values) -> list[list[int]]:
 def direct(im: Image.Image) -> tuple[list[list[int]], bool, tuple[str, ...]]:
     """The conversion function itself, for modes no writable format keeps."""
     rgb, has_alpha, flags = _to_rgb(im)
-    assert rgb.mode == "RGB"
-    return np.asarray(rgb)[0].tolist(), has_alpha, flags
+    assert rgb.dtype == np.uint8 and rgb.shape == (im.height, im.width, 3)
+    return rgb[0].tolist(), has_alpha, flags
 
 
 def float_tiff(values, shape=None) -> bytes:

@@ -35,7 +35,7 @@ from pipeline.media.decode import _TRANSPOSE, decode_image
 from pipeline.media.device import MEDIA_ERRORS, MEDIA_IMAGES, HostDecoded, JpegInput, device_input
 from pipeline.media.transform import encode, phash64, resize_pixels
 from pipeline.media.geometry import model_input
-from tests.conftest import CASES, PHOTOS, coco_captions
+from tests.conftest import CASES, PHOTOS, TRUNCATED_JPEG, coco_captions
 from tests.e2e.jobs import check_accounting
 from tests.models.conftest import section_spec
 
@@ -158,7 +158,7 @@ def test_device_branch_matches_the_cpu_path_within_tolerance(clip, expected):
 
 
 def test_a_failing_batch_is_retried_per_image_and_a_broken_jpeg_is_an_error_row(clip):
-    broken = (CASES / "C01_trunc/truncated_jpeg.jpg").read_bytes()
+    broken = (CASES / TRUNCATED_JPEG).read_bytes()
     good = [(PHOTOS / r["file"]).read_bytes() for r in coco_captions()[:3]]
     entries = [JpegInput(good[0], 1, 10**9, DRAFT), JpegInput(broken, 1, 10**9, DRAFT),
                JpegInput(good[1], 1, 10**9, DRAFT), JpegInput(good[2], 1, 10**9, DRAFT)]
@@ -221,7 +221,8 @@ def test_a_cuda_job_runs_through_the_runner_on_cpu_actors(ray_local, tiny_models
     src.mkdir()
     files = {r["file"].removesuffix(".jpg"): PHOTOS / r["file"] for r in coco_captions()[:8]}
     files.update({c.split("/")[1].rsplit(".", 1)[0]: CASES / c
-                  for c in EXIF + [GREY, CMYK, PNG, "C01_trunc/truncated_jpeg.jpg"]})
+                  for c in EXIF + [GREY, CMYK, PNG]})
+    files["truncated_jpeg"] = CASES / TRUNCATED_JPEG
     for key, path in files.items():
         shutil.copy(path, src / f"{key}.jpg")
     out = tmp_path / "out"

@@ -154,7 +154,8 @@ def test_read_output_reads_committed_parquet_only(quickstart, tmp_path):
         read_output(str(out), columns=["key", "nope"])
     empty = read_output(str(out), kind="quarantine")        # no error rows: empty, typed
     assert empty.files == [] and empty.to_table().num_rows == 0
-    assert empty.schema.names == dataset.schema.names + ["source_bytes"]
+    assert empty.schema.names == dataset.schema.names + ["source_bytes", "source_sha256",
+                                                         "source_size"]
     with pytest.raises(ValueError, match="'wds'"):
         read_output(str(out), kind="wds")
     with pytest.raises(FileNotFoundError, match="not an mmpipe output"):

@@ -41,7 +41,7 @@ def test_status_exit_codes_text_and_json(mixed_input, tmp_path, capsys):
                                     f"(fingerprint {fp})")
     assert "  partitions: 2 planned, 1 committed, 0 failed, 1 pending" in text
     assert "  input: 19 objects, 19 records planned, 10 rows out" in text
-    assert "  not read (extension not listed or not a supported container): .xyz=1" in text
+    assert "  not read (unlisted extension or container, unpaired sidecar, not a file): .xyz=1" in text
 
     CheckpointStore(out).record_failure(second, {"partition_id": second, "error": "boom"})
     code, text = status()

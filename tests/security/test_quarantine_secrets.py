@@ -4,6 +4,7 @@ the ``error`` text never quotes input bytes; a huge caption is cut and flagged."
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import pyarrow as pa
@@ -40,24 +41,61 @@ def _write(tmp_path, spec: SinkSpec, batches: list[dict]) -> tuple[pa.Table, pq.
     return pq.read_table(path), pq.ParquetFile(path)
 
 
+BROKEN_PNG = b"\x89PNG\r\n\x1a\n broken"
+
+
 def test_quarantine_keeps_media_not_refused_rows(tmp_path):
     refused = RowError(ErrorReason.OUTSIDE_INPUT_ROOT, "/etc/passwd: outside")
     batch = _batch([("ok", "ok", b"fine", None),
-                    ("bad_media", "error", b"\x89PNG broken", None),
+                    ("bad_media", "error", BROKEN_PNG, None),
                     ("outside", "error", SECRET, refused),
-                    ("too_big_for_quarantine", "error", b"m" * 2000, None)])
+                    ("too_big_for_quarantine", "error", b"\xff\xd8\xff" + b"m" * 2000, None)])
     spec = SinkSpec(uri=str(tmp_path / "out"), quarantine_max_row_bytes=1000)
     table, _ = _write(tmp_path, spec, [batch])
     got = dict(zip(table[KEY].to_pylist(), table["source_bytes"].to_pylist()))
-    assert got == {"bad_media": b"\x89PNG broken", "outside": None,
+    assert got == {"bad_media": BROKEN_PNG, "outside": None,
                    "too_big_for_quarantine": None}
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _digests(table: pa.Table) -> dict:
+    return {r[KEY]: (r["source_bytes"], r["source_sha256"], r["source_size"])
+            for r in table.to_pylist()}
+
+
+def test_quarantine_of_a_non_media_file_keeps_its_digest_and_size_only(tmp_path):
+    """Round 3: a key, a token, an HTML page that failed to decode are not media: before,
+    their bytes were copied into quarantine; now a sha256 and a size, by default."""
+    key = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAA\n"
+    page = b"<html>not an image</html>"
+    webm = b"\x1a\x45\xdf\xa3" + b"\x00" * 40
+    batch = _batch([("key", "error", key, None), ("page", "error", page, None),
+                    ("png", "error", BROKEN_PNG, None), ("webm", "error", webm, None)])
+    table, _ = _write(tmp_path / "media", SinkSpec(uri=str(tmp_path / "media" / "out")),
+                      [batch])
+    assert _digests(table) == {"key": (None, _sha(key), len(key)),
+                               "page": (None, _sha(page), len(page)),
+                               "png": (BROKEN_PNG, _sha(BROKEN_PNG), len(BROKEN_PNG)),
+                               "webm": (webm, _sha(webm), len(webm))}
+    spec = SinkSpec(uri=str(tmp_path / "digest" / "out"), quarantine_bytes="digest")
+    table, _ = _write(tmp_path / "digest", spec, [batch])
+    assert {k: v[0] for k, v in _digests(table).items()} == dict.fromkeys(
+        ("key", "page", "png", "webm"))
+    spec = SinkSpec(uri=str(tmp_path / "all" / "out"), quarantine_bytes="all")
+    table, _ = _write(tmp_path / "all", spec, [batch])
+    assert {k: v[0] for k, v in _digests(table).items()} == {
+        "key": key, "page": page, "png": BROKEN_PNG, "webm": webm}
 
 
 def test_quarantine_buffer_is_bounded_in_bytes(tmp_path):
     """rows_per_row_group 256 would buffer 256 MiB of 1 MiB rows; the byte bound writes a
     row group every 4 MiB instead."""
     spec = SinkSpec(uri=str(tmp_path / "out"), rows_per_row_group=256,
-                    quarantine_buffer_bytes=4 * 2**20, compression="none")
+                    quarantine_buffer_bytes=4 * 2**20, compression="none",
+                    quarantine_bytes="all")   # the rows are no media: keep them anyway
     batches = [_batch([(f"k{i}", "error", bytes([i]) * 2**20, None)]) for i in range(12)]
     table, pf = _write(tmp_path, spec, batches)
     assert table.num_rows == 12

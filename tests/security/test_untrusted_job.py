@@ -2,11 +2,12 @@
 a secret file outside the input (absolute, ``..``, ``file://``, a symlink), a FIFO,
 ``/dev/zero`` and a loopback URL. The job finishes; each such row is one error row; the
 secret's bytes appear nowhere in the output (data, quarantine, anything under it, read
-as raw bytes with compression off); quarantine keeps the bytes of the one media file that
-failed to decode and nothing else."""
+as raw bytes with compression off); quarantine keeps no bytes at all: the one file that
+failed to decode is an HTML page, no media, so only its digest and size."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -60,7 +61,11 @@ def test_untrusted_manifest_job(ray_local, tmp_path):
                    "fifo": ("error", "not_a_file"), "loop": ("error", "egress_refused")}
     quarantine = read_output(str(out), kind="quarantine").to_table().to_pylist()
     kept = {r["key"]: r["source_bytes"] for r in quarantine}
-    assert kept.pop("page") == NOT_AN_IMAGE and set(kept.values()) == {None}
+    # an HTML page is no media (sink.quarantine_bytes: media): its digest, not its bytes
+    assert set(kept.values()) == {None}
+    (page,) = [r for r in quarantine if r["key"] == "page"]
+    assert (page["source_sha256"], page["source_size"]) == (
+        hashlib.sha256(NOT_AN_IMAGE).hexdigest(), len(NOT_AN_IMAGE))
     for path in out.rglob("*"):            # every file the job wrote, as raw bytes
         if path.is_file():
             raw = path.read_bytes()

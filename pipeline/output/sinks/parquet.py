@@ -3,9 +3,11 @@
 ``ParquetDatasink`` streams every row of an attempt to
 ``data/<pid>/a-<attempt>/part-00000.parquet`` (``quarantine.QuarantineDatasink`` derives
 from it for the error rows and their bytes). Both carry the job's key-value
-metadata (``on_write_start``). Rows are buffered up to ``rows_per_row_group`` (quarantine:
-also up to ``sink.quarantine_buffer_bytes``) and written as a row group, so a partition is
-never held in memory whole; the file's sha256 and size come from the stream
+metadata (``on_write_start``). Rows are buffered up to ``rows_per_row_group`` or
+``sink.max_buffer_bytes`` (quarantine: also ``sink.quarantine_buffer_bytes``), whichever
+comes first, and written as a row group, so neither a partition nor 256 rows of large
+cells are held in memory whole; a batch is converted to Arrow in pieces of at most that
+many bytes (``row_chunks``). The file's sha256 and size come from the stream
 (``fs.HashingOutput``).
 """
 
@@ -38,6 +40,43 @@ def _column(values: list[Any], field: pa.Field) -> pa.Array:
         return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), dim,
                                                  mask=pa.array(mask))
     return pa.array(values, type=field.type)
+
+
+def _cell_bytes(value: Any) -> int:
+    """Estimated Arrow bytes of one cell: buffer length of bytes/str/arrays, the sum over
+    a list, 8 for any other scalar."""
+    if value is None:
+        return 1
+    if isinstance(value, (bytes, bytearray, memoryview, str)):
+        return len(value) + 4
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes) + 4
+    if isinstance(value, (list, tuple)):
+        return sum(_cell_bytes(v) for v in value) + 4
+    return 8
+
+
+def row_chunks(batch: Batch, schema: pa.Schema, rows: list[int],
+               max_bytes: int) -> list[list[int]]:
+    """``rows`` cut, in order, into runs whose cells of ``schema``'s columns add up to at
+    most ``max_bytes`` (estimated by ``_cell_bytes``); a row larger than that is a run of
+    its own."""
+    columns = [batch.get(SOURCE_BYTES if f.name == SOURCE_BYTES_OUT else f.name)
+               for f in schema]
+    columns = [c for c in columns if c is not None]
+    chunks: list[list[int]] = []
+    run: list[int] = []
+    size = 0
+    for i in rows:
+        row = sum(_cell_bytes(c[i]) for c in columns)
+        if run and size + row > max_bytes:
+            chunks.append(run)
+            run, size = [], 0
+        run.append(i)
+        size += row
+    if run:
+        chunks.append(run)
+    return chunks
 
 
 def to_table(batch: Batch, schema: pa.Schema, rows: list[int]) -> pa.Table:
@@ -126,8 +165,9 @@ class ParquetDatasink(FileDatasink):
         self.file = _StreamingFile(lambda: self.open_file(self.rel), self.schema, self.spec,
                                    self._buffer_bytes())
 
-    def _buffer_bytes(self) -> int | None:
-        return None
+    def _buffer_bytes(self) -> int:
+        """Bytes buffered before a row group is written (``sink.max_buffer_bytes``)."""
+        return self.spec.max_buffer_bytes
 
     def _schema(self, data_schema: pa.Schema) -> pa.Schema:
         return data_schema
@@ -136,9 +176,13 @@ class ParquetDatasink(FileDatasink):
         return list(range(len(batch[STATUS])))
 
     def write(self, batch: Batch) -> None:
-        rows = self._rows(batch)
-        if rows:
-            self.file.write(to_table(batch, self.schema, rows))
+        self.write_rows(batch, self._rows(batch))
+
+    def write_rows(self, batch: Batch, rows: list[int]) -> None:
+        """Rows ``rows`` of ``batch`` to the file, converted to Arrow in pieces of at most
+        the buffer's bytes (``row_chunks``), each flushed once the buffer is full."""
+        for chunk in row_chunks(batch, self.schema, rows, self.file.max_buffer_bytes):
+            self.file.write(to_table(batch, self.schema, chunk))
 
     def _finish(self) -> None:
         if self.file.close():
