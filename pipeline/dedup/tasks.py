@@ -176,14 +176,22 @@ def _embeddings(store: DedupStore, data_file: str) -> tuple[pa.Table, np.ndarray
 
 
 def data_files(store: DedupStore, pids: list[str]) -> list[str]:
-    """The committed data files of ``pids`` (from their commit markers), in plan order."""
+    """The committed data files of ``pids`` (from their commit markers), in plan order.
+    Raises ``CommitError`` for a marker that names a file outside its attempt's
+    directories (``output.committed.check_file_names``), before anything is read."""
     from pipeline.output.checkpoint import CheckpointStore
+    from pipeline.output.committed import check_file_names
+    from pipeline.output.generations import attempt_roots_of
 
     cp = CheckpointStore(store.output_uri)
+    roots = attempt_roots_of(store.output_uri)
     out = []
     for pid in sorted(pids):
         m = cp.marker(pid)
-        out += [f for f in (m.files if m else []) if f.startswith("data/")]
+        if m is None:
+            continue
+        check_file_names(m, cp.layout.marker(pid), roots)
+        out += [f for f in m.files if f.startswith("data/")]
     return out
 
 

@@ -28,7 +28,8 @@ from pipeline.dedup.store import (FILES_SCHEMA, LEASE_RENEW_S, LEASE_S, DedupSto
                                   TaskMarker, new_id)
 from pipeline.errors import SpecError
 from pipeline.storage import fs
-from pipeline.output.generations import read_root
+from pipeline.output.committed import check_file_names
+from pipeline.output.generations import attempt_roots_of, read_root
 from pipeline.output.checkpoint import CheckpointStore
 from pipeline.runtime import chaos, job_env
 from pipeline.spec import DatasetDedupSpec, StorageSpec
@@ -104,14 +105,19 @@ def plan_generation(output_uri: str, spec: DatasetDedupSpec, lease_s: float = LE
     one. A new generation's file list is written under a lease (``lease_s``, renewed
     every ``lease_renew_s`` seconds) and verified before the generation is created.
     Raises ``SpecError`` (see ``index_settings``), ``FileNotFoundError`` if nothing is
-    committed, ``CommitError`` if the list is gone before the create."""
+    committed, ``CommitError`` if the list is gone before the create or a marker names a
+    file outside its attempt's directories (``output.committed.check_file_names``)."""
     store = DedupStore(output_uri)
     gens = store.generations()
     if gens and store.marker(gens[-1].generation, "duplicates") is None:
         return gens[-1]
-    markers = CheckpointStore(output_uri).markers()
+    checkpoints = CheckpointStore(output_uri)
+    markers = checkpoints.markers()
     if not markers:
         raise FileNotFoundError(f"{output_uri}: no committed partition to dedup")
+    roots = attempt_roots_of(output_uri)
+    for pid, m in markers.items():   # a name outside its attempt's directories is never read
+        check_file_names(m, checkpoints.layout.marker(pid), roots)
     settings = index_settings(markers)
     covered = set(gens[-1].partitions) if gens else set()
     new = sorted(set(markers) - covered)

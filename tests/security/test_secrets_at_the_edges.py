@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -24,10 +25,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.cli import main
+from pipeline.dedup.store import DedupStore
+from pipeline.dedup.tasks import data_files
 from pipeline.errors import CommitError
 from pipeline.read import read_output
+from pipeline.runtime.dedup_pass import plan_generation
 from pipeline.runtime.driver import run_job
-from pipeline.spec import JobSpec, SourceSpec
+from pipeline.spec import DatasetDedupSpec, JobSpec, SourceSpec
 from tests.conftest import PHOTOS
 from tests.security.test_input_confinement import read_all, reasons
 
@@ -189,6 +193,11 @@ def test_marker_naming_a_file_outside_its_attempt_is_refused(home_job, tmp_path,
     assert main(["export", str(copy), str(dest)]) == 2
     assert repr(name) in capsys.readouterr().err
     assert not dest.exists() or not any(dest.rglob("*"))
+    # the dedup pass reads markers itself (its plan and its tasks' data files): refused too
+    with pytest.raises(CommitError, match=re.escape(repr(name))):
+        plan_generation(str(copy), DatasetDedupSpec())
+    with pytest.raises(CommitError, match=re.escape(repr(name))):
+        data_files(DedupStore(str(copy)), [marker_path.stem])
 
 
 def test_bucket_root_manifest_reads_only_declared_roots(s3_server, s3_env):
