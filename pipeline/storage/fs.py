@@ -433,17 +433,25 @@ def write_local_atomic(path: str, write: Callable[[Any], object]) -> None:
     ``fsync``-ed and renamed over ``path`` (``os.replace``: atomic on POSIX). If ``write``
     or any step raises, the temporary file is removed and ``path`` is left as it was;
     the exception propagates (``OSError``, e.g. ENOSPC)."""
+    _publish_local(path, write, os.replace)
+
+
+def _publish_local(path: str, write: Callable[[Any], object],
+                   publish: Callable[[str, str], None]) -> None:
+    """``write(f)`` a new temporary file beside ``path`` (flushed, ``fsync``-ed), then
+    ``publish(tmp, path)`` (``os.replace``: overwrite; ``os.link``: create only, raising
+    ``FileExistsError``). The temporary file is gone afterwards, whatever raised: never
+    a partial file under ``path``."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     try:
         with open_new_local(tmp, exclusive=True) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        publish(tmp, path)
+    finally:                     # also when the write failed (a full disk)
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+            os.unlink(tmp)       # after os.replace it is already gone
 
 
 def create_exclusive(uri: str, data: bytes) -> bool:
@@ -456,19 +464,11 @@ def create_exclusive(uri: str, data: bytes) -> bool:
     if s3.is_s3(uri):
         return with_retries(uri, "conditional put", lambda: s3.put_if_absent(uri, data))
     _, path = resolve(uri)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     try:
-        with open_new_local(tmp, exclusive=True) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(tmp, path)
+        _publish_local(path, lambda f: f.write(data), os.link)
         return True
     except FileExistsError:
         return False
-    finally:                     # also when the write failed (a full disk): no partial file
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 def list_files(uri: str, skipped: Callable[[str, str], None] | None = None
