@@ -39,10 +39,14 @@ ENV HF_HUB_OFFLINE=1 \
 
 # 1. every dependency, locked (requirements/lock.py: resolved for cp311 manylinux x86_64),
 #    in its own layer: a code change does not reinstall torch and the rest. The CPU lock
-#    names PyTorch's CPU index itself (an --extra-index-url line).
+#    names PyTorch's CPU index itself (an --extra-index-url line). rapidocr-onnxruntime
+#    requires opencv-python beside opencv-python-headless (same version, same cv2 files);
+#    `import cv2` checks that the cv2 the image ends up with loads (the GUI build's needs
+#    libGL).
 COPY --chown=1000:100 requirements/image-${VARIANT}.txt /home/ray/mmpipe/requirements/
 RUN python -m pip install --no-deps -r "/home/ray/mmpipe/requirements/image-${VARIANT}.txt" \
  && python -m pip check \
+ && python -c "import cv2, rapidocr_onnxruntime, lingua" \
  && python -c "import ray; assert ray.__version__ == '${RAY_VERSION}', ray.__version__"
 
 # 2. the caption embedding model from its original publisher (sentence-transformers,

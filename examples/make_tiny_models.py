@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""Build small random-initialised CLIP, SigLIP, BLIP and LLaVA checkpoints for the examples.
+"""Build small random-initialised checkpoints of real architectures for the examples.
 
     .venv/bin/python examples/make_tiny_models.py                 # -> output/tiny-models/
     .venv/bin/python examples/make_tiny_models.py --out DIR --only tiny-clip,tiny-blip
 
-Real architectures (transformers config classes), real processors and tokenizers, tiny
+CLIP, SigLIP, BLIP, LLaVA, ConvNeXt and the two LAION heads. Real architectures
+(transformers config classes), real processors and tokenizers, tiny
 widths, random weights: the pipeline runs exactly as with real weights, but embeddings,
 scores and captions are junk. See ``pipeline/testing/tiny_models.py``. Offline; ~10 s on a laptop.
 """

@@ -43,12 +43,17 @@ from pipeline.input import make_datasource
 from pipeline.output.sinks.webdataset import WebDatasetDatasink
 from pipeline.records import Partition
 from pipeline.spec import MODEL_SECTIONS, JobSpec
+from pipeline.storage import fs
 from pipeline.steps.base import RowStep, Step
+from pipeline.steps import caption_signals
 from pipeline.steps.caption import CaptionStep
 from pipeline.steps.dedup import DedupStep
 from pipeline.steps.image import DecodeStep, FilterStep, HashStep, ResizeStep
+from pipeline.steps.image_signals import image_signals_step
 from pipeline.steps.model import ModelStages, ModelStep
 from pipeline.steps.model_input import ModelInputStep, ScoreFilterStep
+from pipeline.steps.ocr import ocr_step
+from pipeline.steps.signal_filter import SignalFilters
 from pipeline.steps.video import VideoDecodeStep, VideoFramesStep
 
 #: Columns the runner sets on every batch it reads (identity and outcome).
@@ -58,7 +63,11 @@ RUNNER_WRITES = (KEY, PARTITION_ID, SOURCE_URI, STATUS, REJECT_REASON, ERROR_REA
 #: in this order after the built-in decode/filter/hash/dedup steps and before the model
 #: inputs and the resize/encode step, so they see the decoded ``_pixels``. Adding a step
 #: is one new module under ``pipeline/steps/`` plus one line here (DESIGN.md).
-STEP_FACTORIES: list[Callable[[JobSpec], Step | None]] = []
+STEP_FACTORIES: list[Callable[[JobSpec], Step | None]] = [
+    lambda spec: caption_signals.from_spec(spec, fs.read_bytes),  # signals.caption
+    image_signals_step,  # signals.image
+    ocr_step,  # signals.ocr
+]
 #: Added datasinks: ``factory(spec) -> Datasink | None`` (None: not enabled by this spec),
 #: after the built-in ones. Adding a datasink is one new module under
 #: ``pipeline/output/sinks/`` (its class sets ``name`` and ``directory``) plus one line here.
@@ -150,7 +159,7 @@ class Pipeline:
             if not isinstance(p, ModelStep) or p.info is not None:
                 typed.update({f.name: f for f in p.fields()})
         for n in output_order({n for n in self.writes if lookup(n).kind == "output"}):
-            field = typed.get(n) or (COLUMNS[n].field() if COLUMNS[n].arrow_type is not None
+            field = typed.get(n) or (COLUMNS[n].field() if lookup(n).arrow_type is not None
                                      else None)
             lines.append(f"  {n}: {field.type if field is not None else 'model-typed'}")
         return "\n".join(lines) + "\n"
@@ -162,30 +171,50 @@ class Pipeline:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _cpu_steps(spec: JobSpec, geometries: list) -> list[Step]:
-    """Images: caption, decode, filter, hash, dedup, model inputs (if a model takes images),
-    resize. Video: caption, video decode (sha256 of the file, pHash of a mosaic of frames,
-    frames within runtime.max_batch_bytes), filter, dedup, model inputs (an (F, h, w, 3)
-    stack per record), frame encoding."""
-    takes_images = spec.image_embedding.enabled or spec.captioning.enabled
+def _cpu_steps(spec: JobSpec, geometries: list, signals: SignalFilters | None = None,
+               source_writes: tuple[str, ...] = ()) -> list[Step]:
+    """Images: caption, decode, filter, hash, dedup, added steps, signal filters on CPU
+    columns, model inputs (if a model takes images), resize. Video: caption, video decode
+    (sha256 of the file, pHash of a mosaic of frames, frames within
+    runtime.max_batch_bytes), filter, dedup, added steps, signal filters, model inputs (an
+    (F, h, w, 3) stack per record), frame encoding."""
+    takes_images = (spec.image_embedding.enabled or spec.captioning.enabled
+                    or spec.image_classification.enabled)
     added = [s for s in (factory(spec) for factory in STEP_FACTORIES) if s is not None]
     inputs = [ModelInputStep(geometries)] if takes_images else []
     if spec.source.media == "video":
-        return ([CaptionStep(spec.captions),
-                 VideoDecodeStep(spec.video, spec.runtime.max_batch_bytes),
-                 FilterStep(spec.filters), DedupStep(spec.dedup)] + added + inputs
+        head: list[Step] = [CaptionStep(spec.captions),
+                            VideoDecodeStep(spec.video, spec.runtime.max_batch_bytes),
+                            FilterStep(spec.filters), DedupStep(spec.dedup)] + added
+        return (head + _cpu_signal_filter(signals, source_writes, head) + inputs
                 + [VideoFramesStep(spec.resize)])
     # JPEG draft decoding keeps the pixels large enough for every consumer
     draft = spec.resize.size_px if spec.resize.mode != "none" else None
     if draft is not None and geometries:
         draft = max([draft] + [g.min_side_px for g in geometries])
-    return ([CaptionStep(spec.captions), DecodeStep(spec.decode, draft, spec.resize),
-             FilterStep(spec.filters), HashStep(), DedupStep(spec.dedup)] + added + inputs
+    if draft is not None and spec.signals.image.enabled:  # steps/image_signals.py
+        draft = max(draft, 2 * spec.signals.image.analysis_px)
+    head = [CaptionStep(spec.captions), DecodeStep(spec.decode, draft, spec.resize),
+            FilterStep(spec.filters), HashStep(), DedupStep(spec.dedup)] + added
+    return (head + _cpu_signal_filter(signals, source_writes, head) + inputs
             + [ResizeStep(spec.resize)])
 
 
-def _model_stages(spec: JobSpec, models: dict[str, tuple] | None) -> ModelStages:
-    """Stage 0: every model but a captioner that must wait for the score filter."""
+def _cpu_signal_filter(signals: SignalFilters | None, source_writes: tuple[str, ...],
+                       head: list[Step]) -> list[Step]:
+    """The signal filters on the columns the runner, the datasource and the CPU steps
+    ``head`` (all before the model inputs) write (``SignalFilters.cpu_step``)."""
+    if signals is None or not signals.rules:
+        return []
+    step = signals.cpu_step(set(RUNNER_WRITES) | set(source_writes)
+                            | {c for s in head for c in s.writes})
+    return [step] if step is not None else []
+
+
+def _model_stages(spec: JobSpec, models: dict[str, tuple] | None,
+                  signals: SignalFilters | None = None) -> ModelStages:
+    """Stage 0: every model but a captioner that must wait for a filter (the score filter,
+    a signal filter on a stage-0 model column); each stage's signal filters after it."""
     video = spec.source.media == "video"
     encoded = spec.decode.device == "cuda"  # JpegInput entries go to image_embedding
     steps = [ModelStep(s, getattr(spec, s), video, encoded and s == "image_embedding")
@@ -196,13 +225,18 @@ def _model_stages(spec: JobSpec, models: dict[str, tuple] | None) -> ModelStages
                 raise AssemblyError(f"{step.section} is enabled but no model was given for it")
             step.bind(*models[step.section])
     gate = spec.image_embedding.enabled and spec.image_embedding.min_clip_score is not None
-    later = [t for t in steps if gate and t.section == "captioning"]
+    early = [t for t in steps if t.section != "captioning"]
+    wait = gate or (signals is not None and signals.delays_captioning(early))
+    later = [t for t in steps if wait and t.section == "captioning"]
     first = [t for t in steps if t not in later]
     stages, filters = [first], [[ScoreFilterStep(spec.image_embedding.min_clip_score)] if gate
                                 else []]
     if later:
         stages.append(later)
         filters.append([])
+    for n, stage in enumerate(stages):
+        step = signals.after_models(stage, n) if signals is not None else None
+        filters[n] += [step] if step is not None else []
     return ModelStages(stages, filters)
 
 
@@ -229,12 +263,16 @@ def assemble(spec: JobSpec, models: dict[str, tuple] | None = None,
     row steps. ``setup``: call every step's ``setup()``.
 
     Raises ``AssemblyError`` if a part writes or reads an undeclared column, reads a
-    column no earlier part writes (``_check_reads``), or a model is missing.
+    column no earlier part writes (``_check_reads``), or a model is missing; ``SpecError``
+    naming ``filters.signals[i]`` for a signal filter on a column this pipeline does not
+    write (or of the wrong type), or a calibrated threshold that cannot be resolved.
     """
     geometries = [info.image for _, info in (models or {}).values() if info.image is not None]
-    pipeline = Pipeline(spec, make_datasource(spec.source, spec.decode, spec.download, spec.video),
-                        _cpu_steps(spec, geometries), _model_stages(spec, models),
-                        _datasinks(spec))
+    signals = SignalFilters(spec.filters)   # calibrated thresholds resolved here (driver first)
+    source = make_datasource(spec.source, spec.decode, spec.download, spec.video)
+    pipeline = Pipeline(spec, source, _cpu_steps(spec, geometries, signals, source.writes),
+                        _model_stages(spec, models, signals), _datasinks(spec))
+    signals.check_placed(pipeline.writes)
     _check_declared(pipeline)
     _check_reads(pipeline)
     for step in pipeline.steps:

@@ -1,5 +1,5 @@
-"""Command line: ``mmpipe validate | run | status | ls | gc | spec | dedup | export | submit |
-logs | stop``.
+"""Command line: ``mmpipe validate | run | status | ls | gc | spec | dedup | export |
+calibrate | submit | logs | stop``.
 
 Exit codes: 0 success; 1 the job ran but some partition failed (named in the report);
 2 a bad job spec or unusable input/output, reported before anything runs (``mmpipe run``
@@ -172,6 +172,38 @@ def cmd_export(args) -> int:
     if fs.is_local(args.dest):
         fs.restrict_local_tree(path)
     print(f"{view.count_rows()} rows written to {args.dest}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    """Calibrate signal thresholds on OUTPUT's committed rows against a labels file
+    (``pipeline.calibration``): print the table, write ``_calibration/<name>/``. Exit 2
+    (nothing written) for a bad labels file, target or name, a signal that is not a numeric
+    column, or a location with nothing committed."""
+    import pyarrow.compute as pc
+
+    from pipeline import calibration
+    from pipeline.read import read_output
+
+    calibration.check_target(args.target_precision)
+    labels = calibration.read_labels(args.labels)      # CalibrationError: exit 2, one line
+    name = calibration.check_name(args.name) if args.name else \
+        calibration.default_name(args.labels)
+    signals = list(dict.fromkeys(args.signal or labels.signals()))
+    try:    # only the key and the signals, only the labelled rows
+        view = read_output(args.output, columns=["key", *(s for s in signals if s != "key")])
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:   # a signal that is not a column of the output
+        print(f"error: signals of {args.labels}: {e}", file=sys.stderr)
+        return 2
+    table = view.to_table(filter=pc.field("key").isin(labels.keys()))
+    doc = calibration.calibrate(table, labels, signals, args.target_precision, name,
+                                calibration.output_identity(args.output, view.schema))
+    uri = calibration.write(args.output, doc)
+    print(calibration.format_table(doc))
+    print(f"calibration {name!r} written to {uri} (plot: {calibration.PLOT_FILE})")
     return 0
 
 
@@ -412,6 +444,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deduplicated", action="store_true", help="drop rows the newest "
                    "complete dedup pass found duplicate, and rows whose status is not ok")
     p.set_defaults(func=cmd_export)
+    p = sub.add_parser("calibrate", help="signal thresholds from labelled rows: precision, "
+                       "recall, F1 per threshold, best F1, threshold at a target precision; "
+                       "writes OUTPUT/_calibration/NAME/calibration.json and .png")
+    p.add_argument("output", help="output location (sink.uri)")
+    p.add_argument("--labels", required=True, help="CSV or JSONL file (local or s3://) of "
+                   "rows key,signal,label: label true/1/yes = the row has the property the "
+                   "signal measures (higher score = more of it; positive iff score >= t)")
+    p.add_argument("--target-precision", type=float, default=0.9,
+                   help="precision the reported threshold must reach (default 0.9)")
+    p.add_argument("--signal", action="extend", nargs="+", metavar="COL",
+                   help="calibrate only these signals (default: every signal the labels name)")
+    p.add_argument("--name", help="calibration name (default: the labels file's stem; the "
+                   "same name replaces that calibration)")
+    p.set_defaults(func=cmd_calibrate)
     _job_commands(sub)
     return parser
 

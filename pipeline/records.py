@@ -78,6 +78,16 @@ class RejectReason(str, enum.Enum):
     ASPECT_RATIO = "aspect_ratio"
     DUPLICATE = "duplicate"
     LOW_CLIP_SCORE = "low_clip_score"
+    # quality-signal filters (``filters.signals``, ``steps/signal_filter.py``)
+    LOW_AESTHETIC = "low_aesthetic"
+    NSFW = "nsfw"
+    WATERMARK = "watermark"
+    TEXT_HEAVY = "text_heavy"
+    BLURRY = "blurry"
+    LANGUAGE = "language"
+    FLAGGED_WORDS = "flagged_words"
+    LOW_CAPTION_QUALITY = "low_caption_quality"
+    SIGNAL = "signal"                  # a filter on any other column
 
 
 def partition_name(index: int) -> str:

@@ -429,6 +429,126 @@ class ResizeSpec(_Strict):
     quality: int = Field(90, ge=1, le=100, description="Encoder quality (1-100).")
 
 
+class CalibratedThreshold(_Strict):
+    """A threshold read from a calibration (``mmpipe calibrate``'s `calibration.json`):
+    the lowest threshold of the signal's column whose precision on the labelled rows is
+    at least `precision` (``pipeline.calibration.threshold_for``), resolved when the
+    pipeline is assembled on the driver, so a bad reference fails before anything runs."""
+
+    calibration: str = Field(min_length=1, description="Path or URI (s3://, file://) of the "
+                             "calibration.json that `mmpipe calibrate` wrote; read by the "
+                             "driver and again by each worker, so it must be readable there "
+                             "too (s3:// or a shared file system on a cluster).")
+    precision: float = Field(gt=0, le=1, description="Precision wanted at the threshold, "
+                             "in (0, 1].")
+
+
+#: ``filters.signals`` presets: preset -> (column, reject reason, the bound its
+#: ``threshold`` sets: ``min`` keeps rows at or above it, ``max`` rows at or below it,
+#: ``allow`` rows whose value is listed). No preset has a default threshold: a published
+#: one (e.g. LAION's) holds for LAION's own model only, so a preset always names it.
+SIGNAL_PRESETS: dict[str, tuple[str, str, str]] = {
+    "aesthetic": ("aesthetic_score", "low_aesthetic", "min"),
+    "nsfw": ("nsfw_score", "nsfw", "max"),
+    "watermark": ("watermark_score", "watermark", "max"),
+    "text_heavy": ("text_area_fraction", "text_heavy", "max"),
+    "blurry": ("sharpness", "blurry", "min"),
+    "language": ("caption_language", "language", "allow"),
+}
+SignalPreset = Literal["aesthetic", "nsfw", "watermark", "text_heavy", "blurry", "language"]
+SignalReason = Literal["low_aesthetic", "nsfw", "watermark", "text_heavy", "blurry", "language",
+                       "flagged_words", "low_caption_quality", "signal"]
+#: The reject reason of a signal filter that names none (and no preset): by its column,
+#: else ``signal``.
+SIGNAL_REASONS: dict[str, str] = {
+    **{column: reason for column, reason, _ in SIGNAL_PRESETS.values()},
+    "text_box_count": "text_heavy", "caption_language_confidence": "language",
+    "caption_flagged_words": "flagged_words", "caption_words": "low_caption_quality",
+    "caption_chars": "low_caption_quality", "caption_repetition": "low_caption_quality",
+}
+
+
+class SignalFilterSpec(_Strict):
+    """One filter on a signal column (``steps.signal_filter``): a row is kept when its
+    value is within [`min`, `max`] (inclusive) or, with `allow`, one of the listed
+    strings; otherwise it is rejected with `reason`. A row whose value is null or NaN
+    (not scored: no caption, undecodable frame) is kept unless `missing: reject`, and is
+    flagged `unscored:<column>` in `signal_flags`."""
+
+    preset: SignalPreset | None = Field(
+        None, description="Fills `column` and `reason` and takes `threshold`: `aesthetic` "
+        "(aesthetic_score >= threshold), `nsfw` (nsfw_score <= threshold), `watermark` "
+        "(watermark_score <= threshold), `text_heavy` (text_area_fraction <= threshold), "
+        "`blurry` (sharpness >= threshold), `language` (caption_language in threshold, a "
+        "list of ISO 639-1 codes).")
+    column: str | None = Field(None, description="The column filtered on: any numeric (or, "
+                               "with `allow`, string) column the pipeline writes.")
+    min: float | CalibratedThreshold | None = Field(
+        None, description="Reject rows whose value is below this: a number or "
+        "`{calibration, precision}`.")
+    max: float | CalibratedThreshold | None = Field(
+        None, description="Reject rows whose value is above this: a number or "
+        "`{calibration, precision}`.")
+    allow: tuple[str, ...] | None = Field(None, description="String columns: reject rows "
+                                          "whose value is not one of these.")
+    threshold: float | CalibratedThreshold | tuple[str, ...] | None = Field(
+        None, description="With a preset: its bound (`min`, `max` or `allow`, see `preset`).")
+    reason: SignalReason | None = Field(
+        None, description="The reject_reason; default: the preset's, else by column "
+        "(`spec.SIGNAL_REASONS`), else `signal`.")
+    missing: Literal["keep", "reject"] = Field(
+        "keep", description="A row whose value is null or NaN: `keep` it, or `reject` it "
+        "with `reason`; either way it is flagged `unscored:<column>`.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill(cls, data: Any) -> Any:
+        """A preset fills `column` and `reason` (unless given) and moves `threshold` to its
+        bound; a filter without a `reason` gets its column's (`SIGNAL_REASONS`)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        preset = SIGNAL_PRESETS.get(data.get("preset")) if isinstance(
+            data.get("preset"), str) else None
+        if preset is not None:
+            column, reason, bound = preset
+            data["column"] = data.get("column") or column
+            data["reason"] = data.get("reason") or reason
+            if data.get("threshold") is not None and data.get(bound) is None:
+                data[bound] = data.pop("threshold")
+        if data.get("reason") is None and isinstance(data.get("column"), str):
+            data["reason"] = SIGNAL_REASONS.get(data["column"], "signal")
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SignalFilterSpec":
+        """A filter names a `column` (or a preset) and at least one of `min`, `max`,
+        `allow` (a preset: its `threshold`); `allow` excludes `min`/`max`; `min` <= `max`;
+        `threshold` needs a preset (and a list for `language`)."""
+        problems = []
+        if self.column is None:
+            problems.append(("column", None, "required: a signal column (or a preset)"))
+        if self.threshold is not None:
+            problems.append(("threshold", self.threshold,
+                             "needs a preset; without one use min, max or allow"
+                             if self.preset is None else
+                             f"preset {self.preset!r} takes "
+                             f"{SIGNAL_PRESETS[self.preset][2]!r}; it is given twice"))
+        if self.allow is not None and (self.min is not None or self.max is not None):
+            problems.append(("allow", self.allow, "a filter has allow or min/max, not both"))
+        if self.allow is not None and not self.allow:
+            problems.append(("allow", self.allow, "an empty list rejects every row"))
+        if self.min is None and self.max is None and self.allow is None:
+            problems.append(("min", None, "a filter needs min, max or allow"
+                             + (" (the preset's threshold)" if self.preset else "")))
+        if isinstance(self.min, float) and isinstance(self.max, float) and self.min > self.max:
+            problems.append(("min", self.min, f"is above max ({self.max}): every row is "
+                             "rejected"))
+        if problems:
+            raise FieldNotApplicable(problems)
+        return self
+
+
 class FilterSpec(_Strict):
     """Filters: a rejected row keeps its place with `status="rejected"` and a reason."""
 
@@ -436,6 +556,18 @@ class FilterSpec(_Strict):
     min_height_px: int = Field(0, ge=0, description="Reject images shorter than this (pixels).")
     max_aspect_ratio: float | None = Field(
         None, gt=1.0, description="Reject if max(w,h)/min(w,h) exceeds this; null disables.")
+    signals: tuple[SignalFilterSpec, ...] = Field(
+        (), description="Filters on any signal column (`SignalFilterSpec`: `preset` or "
+        "`column`, `min`/`max` (a number or `{calibration, precision}`), `allow`, `reason`, "
+        "`missing`), in order. One on a CPU-computed column runs after the CPU signal steps, "
+        "before any model sees the row; one on a model column right after the model stage "
+        "that writes it (a rejected row is never captioned). A column the pipeline does not "
+        "write fails the spec.")
+    score_only: bool = Field(False, description="The signal filters keep every row (status "
+                             "stays ok) and only flag the rows they would reject, in "
+                             "`signal_flags`; the marker, report and metrics count them by "
+                             "reason (`rows_by_flag`). The size, aspect, dedup and "
+                             "min_clip_score filters still reject.")
 
 
 class DatasetDedupSpec(_Strict):
@@ -520,6 +652,138 @@ class TextEmbedSpec(ModelServingSpec):
                        "an s3:// prefix or a Hugging Face id.")
 
 
+#: ``image_embedding.heads`` presets: preset -> (output column, input_dim, embedding_model
+#: (config.json model_type)). Their architectures live in ``pipeline.models.heads``.
+HEAD_PRESETS: dict[str, tuple[str, int, str]] = {
+    "laion-aesthetic": ("aesthetic_score", 768, "clip"),
+    "laion-nsfw": ("nsfw_score", 768, "clip"),
+}
+_HEAD_ARCHITECTURE_FIELDS = ("architecture", "hidden", "activation", "outputs", "output",
+                             "positive_index")
+
+
+class HeadSpec(_Strict):
+    """A head on the image embedding (``pipeline.models.heads``): a small linear or MLP
+    model applied to the L2-normalised `image_embedding` inside the embedding model's actor
+    (no second forward pass), writing one float32 column. Presets load the published
+    LAION weights: `laion-aesthetic` (improved-aesthetic-predictor, `aesthetic_score`) and
+    `laion-nsfw` (CLIP-based-NSFW-Detector as NeMo Curator ports it, `nsfw_score`, 0..1)."""
+
+    preset: Literal["laion-aesthetic", "laion-nsfw"] | None = Field(
+        None, description="A published head: fixes the architecture and state-dict key "
+        "names, the column (`aesthetic_score`, `nsfw_score`), and the defaults "
+        "input_dim 768 and embedding_model `clip` (CLIP ViT-L/14).")
+    name: str | None = Field(None, pattern=r"^[a-z0-9_]+$", description="Output column "
+                             "`score_<name>` (lower case, digits, `_`); required without a "
+                             "preset; with one it replaces the preset's column.")
+    weights: str = Field(min_length=1, description="The head's weights: a safetensors or "
+                         "PyTorch state-dict file (`.safetensors`, `.pth`, `.pt`, `.bin`; "
+                         "read with weights_only), or a directory/prefix holding exactly "
+                         "one; a local path, an s3:// URI (copied once per node) or a "
+                         "Hugging Face location `hf://<owner>/<repo>/<file>` (the Hugging "
+                         "Face cache; offline unless HF_HUB_OFFLINE=0).")
+    architecture: Literal["linear", "mlp"] = Field(
+        "linear", description="Without a preset: `linear` (one Linear) or `mlp` (Linear "
+        "layers of `hidden` sizes with `activation` between them); keys `layers.<i>.weight`/"
+        "`.bias` of a torch `nn.Sequential` (i = 0, 2, 4, ...: activations in between).")
+    hidden: tuple[int, ...] = Field((), description="`mlp`: the hidden layer sizes, in order.")
+    activation: Literal["relu", "gelu", "tanh", "silu"] = Field(
+        "relu", description="`mlp`: the activation after each hidden layer.")
+    outputs: int = Field(1, ge=1, le=4096, description="Outputs of the last layer.")
+    output: Literal["none", "sigmoid", "softmax"] = Field(
+        "none", description="The score: `none` the raw output (outputs must be 1), "
+        "`sigmoid` of it (0..1), `softmax` over the outputs, the probability of "
+        "`positive_index`.")
+    positive_index: int = Field(1, ge=0, description="`softmax`: the output whose "
+                                "probability is the score.")
+    input_dim: int | None = Field(None, ge=1, description="Embedding size the head takes; "
+                                  "must equal the embedding model's (CLIP: projection_dim) "
+                                  "and the weights' first layer. Required without a preset.")
+    embedding_model: str | None = Field(
+        None, description="The embedding model's config.json model_type the head was "
+        "trained on (e.g. `clip`); a different one fails the job at start. None: any.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill(cls, data: Any) -> Any:
+        """A preset fills `input_dim` and `embedding_model` (unless given) and rules out the
+        architecture fields (other than at their defaults)."""
+        if not isinstance(data, dict) or data.get("preset") not in HEAD_PRESETS:
+            return data
+        def set_to(k: str) -> Any:
+            value = data.get(k, cls.model_fields[k].default)
+            return tuple(value) if isinstance(value, list) else value
+
+        given = [k for k in _HEAD_ARCHITECTURE_FIELDS  # a dumped spec repeats the defaults
+                 if set_to(k) != cls.model_fields[k].default]
+        if given:
+            raise FieldNotApplicable([(k, data[k], f"preset {data['preset']!r} fixes the "
+                                       "architecture") for k in given])
+        _, dim, model_type = HEAD_PRESETS[data["preset"]]
+        return {"input_dim": dim, "embedding_model": model_type, **data}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "HeadSpec":
+        """Without a preset: `name` and `input_dim` required; `mlp` needs `hidden`,
+        `linear` none; `none` one output; `softmax` two or more and `positive_index` among them."""
+        if self.preset is not None:
+            return self
+        problems = [(f, None, "required without a preset") for f in ("name", "input_dim")
+                    if getattr(self, f) is None]
+        if (self.architecture == "mlp") != bool(self.hidden):
+            problems.append(("hidden", self.hidden, "`mlp` needs hidden sizes, `linear` none"))
+        if self.output == "none" and self.outputs != 1:
+            problems.append(("outputs", self.outputs, "output `none` takes one output"))
+        if self.output == "softmax" and not (self.outputs >= 2
+                                              and self.positive_index < self.outputs):
+            problems.append(("positive_index", self.positive_index, "softmax needs outputs "
+                             f">= 2 and positive_index below outputs ({self.outputs})"))
+        if problems:
+            raise FieldNotApplicable(problems)
+        return self
+
+    @property
+    def column(self) -> str:
+        """The output column: `score_<name>`, else the preset's."""
+        return f"score_{self.name}" if self.name else HEAD_PRESETS[self.preset][0]
+
+
+class ZeroShotSpec(_Strict):
+    """A zero-shot classifier from prompts (``pipeline.models.zero_shot``): the softmax
+    over the embedding model's image-prompt logits, summed over the `positive` prompts,
+    into `score_<name>` (float32, 0..1)."""
+
+    name: str = Field(pattern=r"^[a-z0-9_]+$", description="Output column `score_<name>`.")
+    labels: tuple[str, ...] = Field(min_length=2, description="The prompts, e.g. `[a photo "
+                                    "with a watermark, a photo without a watermark]`.")
+    positive: tuple[str, ...] | None = Field(
+        None, description="The labels whose probabilities sum into the score; default: the "
+        "first label.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ZeroShotSpec":
+        """Labels non-blank and distinct; `positive` a proper subset of them."""
+        problems = []
+        if any(not t.strip() for t in self.labels) or len(set(self.labels)) != len(self.labels):
+            problems.append(("labels", self.labels, "labels must be non-blank and distinct"))
+        pos = self.positive_labels
+        unknown = [p for p in pos if p not in self.labels]
+        if unknown or not pos or len(set(pos)) == len(self.labels):
+            problems.append(("positive", self.positive, f"must be some, not all, of the labels; "
+                             f"not labels: {unknown}"))
+        if problems:
+            raise FieldNotApplicable(problems)
+        return self
+
+    @property
+    def positive_labels(self) -> tuple[str, ...]:
+        return self.positive if self.positive is not None else self.labels[:1]
+
+    @property
+    def column(self) -> str:
+        return f"score_{self.name}"
+
+
 class ImageEmbedSpec(ModelServingSpec):
     """Image embeddings (CLIP/SigLIP) into `image_embedding`, optionally the image-caption
     cosine `clip_score` and a filter on it (the LAION filter)."""
@@ -539,15 +803,33 @@ class ImageEmbedSpec(ModelServingSpec):
         None, ge=-1.0, le=1.0, description="Reject rows whose `clip_score` is below this "
         "(reject_reason `low_clip_score`); rows without a caption pass. Null disables.")
     batch_size: int = Field(256, ge=1, description="Most rows per forward pass.")
+    heads: tuple[HeadSpec, ...] = Field(
+        (), description="Heads on the embedding (`HeadSpec`: `preset` `laion-aesthetic` / "
+        "`laion-nsfw`, or a generic linear/MLP head into `score_<name>`), run in the "
+        "embedding model's actor. Videos: the mean of the per-frame scores.")
+    zero_shot: tuple[ZeroShotSpec, ...] = Field(
+        (), description="Zero-shot classifiers from prompts (`ZeroShotSpec`: `name`, "
+        "`labels`, `positive`) into `score_<name>`. Videos: the mean of the per-frame scores.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "ImageEmbedSpec":
-        """`model` is required when `enabled`; `min_clip_score` needs `score: true`."""
+        """`model` is required when `enabled`; `min_clip_score` needs `score: true`; head
+        and zero-shot columns are distinct."""
         if self.enabled and not self.model:
             raise ValueError("image_embedding.model is required when enabled")
         if self.min_clip_score is not None and not self.score:
             raise ValueError("min_clip_score needs score: true")
+        columns = [h.column for h in self.heads] + [z.column for z in self.zero_shot]
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        if twice:
+            raise ValueError(f"heads/zero_shot: column(s) {twice} written twice; give each a "
+                             "distinct name")
         return self
+
+    @property
+    def quality_columns(self) -> tuple[str, ...]:
+        """The heads' and zero-shot classifiers' columns, in spec order."""
+        return tuple(h.column for h in self.heads) + tuple(z.column for z in self.zero_shot)
 
 
 class CaptionModelSpec(ModelServingSpec):
@@ -584,6 +866,126 @@ class CaptionModelSpec(ModelServingSpec):
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError("captioning.min_new_tokens exceeds max_new_tokens")
         return self
+
+
+class ImageClassificationSpec(ModelServingSpec):
+    """An image classifier (e.g. a watermark detector) into one score column: the softmax
+    probability mass of `positive_labels` (0..1, float32). Videos: the middle sampled frame."""
+
+    enabled: bool = Field(False, description="Classify images into `column`.")
+    model: str | None = Field(
+        None, description="A transformers image-classification checkpoint "
+        "(`AutoModelForImageClassification` with its `AutoImageProcessor`: ConvNeXt, "
+        "EfficientNet, ViT, ...): a local directory, an s3:// prefix (copied once per node) "
+        "or a Hugging Face id. timm checkpoints are not supported.")
+    backend: Literal["auto", "image-classifier"] = Field(
+        "auto", description="`image-classifier` (the only one; `auto` picks it).")
+    positive_labels: tuple[str, ...] = Field(
+        ("watermark",), min_length=1, description="Label names of the checkpoint's "
+        "config.json `id2label` whose probabilities are summed into the score; a name the "
+        "model does not have fails the job at start, listing the model's labels.")
+    column: str = Field(
+        "watermark_score", pattern=r"^(watermark_score|score_[a-z0-9_]+)$",
+        description="Output column: `watermark_score` or `score_<name>` (lower case, "
+        "digits, `_`).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ImageClassificationSpec":
+        """`model` is required when `enabled`; `positive_labels` are distinct and non-blank."""
+        if self.enabled and not self.model:
+            raise ValueError("image_classification.model is required when enabled")
+        if any(not label.strip() for label in self.positive_labels):
+            raise ValueError("image_classification.positive_labels: a label is blank")
+        if len(set(self.positive_labels)) != len(self.positive_labels):
+            raise ValueError("image_classification.positive_labels: a label is repeated")
+        return self
+
+
+class ImageSignalsSpec(_Strict):
+    """Measured image signals on the CPU workers (no model): sharpness (variance of the
+    Laplacian, Pech-Pacheco et al. 2000), brightness, contrast and clipped fraction of the
+    luma. Videos: the mean over the sampled frames."""
+
+    enabled: bool = Field(False, description="Write `sharpness`, `brightness`, `contrast` "
+                          "and `clipped_fraction`.")
+    analysis_px: int = Field(
+        256, ge=16, le=4096, description="Shorter side (pixels) the greyscale is shrunk to "
+        "(Pillow Lanczos, never enlarged) before measuring, so that sharpness compares "
+        "across resolutions; JPEG drafts are then decoded with a shorter side of at least "
+        "twice this (a draft nearer the analysis scale reads ~25% less sharp).")
+
+
+class OcrSpec(_Strict):
+    """Text in the image: RapidOCR (PaddleOCR's ONNX models, `rapidocr-onnxruntime`) on the
+    CPU workers. Videos: the middle sampled frame."""
+
+    enabled: bool = Field(False, description="Write `text_area_fraction` and "
+                          "`text_box_count` (text detection).")
+    max_side_px: int = Field(
+        640, ge=32, le=8192, description="Longer side (pixels) the image is shrunk to "
+        "(never enlarged) before detection. 640 finds text lines ~1.5% of the longer side "
+        "tall (~100 ms CPU per image, one core); 480 halves the cost but misses a quarter "
+        "of those; 960 also finds ~1% for 2.4x the cost (bench/quality_signals.py).")
+    text: bool = Field(False, description="Also recognise the detected text into `ocr_text`; "
+                       "then only boxes whose text is read count in `text_box_count` and "
+                       "`text_area_fraction` (fewer false boxes on texture: best F1 0.92 vs "
+                       "0.76 on the bundled photos; about 3x the CPU of detection alone).")
+
+
+class CaptionSignalsSpec(_Strict):
+    """Caption text signals on the CPU workers (``pipeline.steps.caption_signals``): language
+    (lingua), word/character counts, Gopher-style repetition and flagged-word matches of
+    the normalised `caption`; a row without a caption gets None in each."""
+
+    enabled: bool = Field(False, description="Write `caption_language`, "
+                          "`caption_language_confidence`, `caption_words`, `caption_chars`, "
+                          "`caption_repetition` and `caption_flagged_words`.")
+    languages: tuple[str, ...] | None = Field(
+        None, description="ISO 639-1 codes of the languages the detector chooses among "
+        "(e.g. `[en, de, fr]`); default: all 75 that lingua knows. Each worker loads the "
+        "chosen languages' models at setup: all 75 take ~1.25 GB and ~5 s (~1.4 ms per "
+        "COCO caption), ten ~0.28 GB and ~1 s (~0.2 ms); a caption in a language left out "
+        "is given the nearest one listed.")
+    low_accuracy: bool = Field(False, description="lingua's low-accuracy mode (trigrams "
+                               "only: ~15x less memory, ~4x faster, less accurate on short "
+                               "captions).")
+    min_chars: int = Field(3, ge=1, le=10_000, description="Captions with fewer letters "
+                           "(Unicode alphabetic characters) get no language (None).")
+    repetition_ngram: int = Field(2, ge=1, le=10, description="n of the word n-grams of "
+                                  "`caption_repetition`.")
+    flagged_words_file: str | None = Field(
+        None, description="A UTF-8 text file (local path or s3:// URI), one word or phrase "
+        "per line, `#` starting a comment line; matched case-insensitively as whole words "
+        "into `caption_flagged_words`. Read when the pipeline is assembled (a missing or "
+        "unreadable file is a spec error); its content's sha256 is in the fingerprint. "
+        "None bundled; default: none (the column is 0).")
+
+    @field_validator("languages")
+    @classmethod
+    def _iso_codes(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        """`languages`: lower-cased, sorted, unique; each a code lingua knows."""
+        if value is None:
+            return None
+        from lingua import Language
+
+        codes = sorted({c.strip().lower() for c in value})
+        known = {lang.iso_code_639_1.name.lower() for lang in Language.all()}
+        unknown = [c for c in codes if c not in known]
+        if not codes or unknown:
+            raise ValueError(f"languages must be ISO 639-1 codes lingua knows; unknown: "
+                             f"{unknown or 'none given'} (known: {' '.join(sorted(known))})")
+        return tuple(codes)
+
+
+class SignalsSpec(_Strict):
+    """Quality signals computed on the CPU workers, before any model sees the row."""
+
+    image: ImageSignalsSpec = Field(ImageSignalsSpec(), description="Sharpness and exposure "
+                                    "of the decoded image.")
+    ocr: OcrSpec = Field(OcrSpec(), description="Text-in-image detection (and optional "
+                         "recognition).")
+    caption: CaptionSignalsSpec = Field(CaptionSignalsSpec(), description="Caption "
+                                        "language, counts, repetition and flagged words.")
 
 
 class RuntimeSpec(_Strict):
@@ -660,7 +1062,8 @@ class JobSpec(_Strict):
     video: VideoSpec = Field(VideoSpec(), description="Video decoding and frame sampling "
                              "(`source.media: video`).")
     resize: ResizeSpec = Field(ResizeSpec(), description="Resize and re-encode of `image`.")
-    filters: FilterSpec = Field(FilterSpec(), description="Size and aspect-ratio filters.")
+    filters: FilterSpec = Field(FilterSpec(), description="Size and aspect-ratio filters, "
+                                "and filters on signal columns (`signals`, `score_only`).")
     dedup: DedupSpec = Field(DedupSpec(), description="Exact and near dedup inside a partition.")
     text_embedding: TextEmbedSpec = Field(TextEmbedSpec(), description="Caption embeddings "
                                           "(model actors).")
@@ -668,9 +1071,14 @@ class JobSpec(_Strict):
                                             "CLIP score and its filter (model actors).")
     captioning: CaptionModelSpec = Field(CaptionModelSpec(), description="Generated captions "
                                          "(model actors).")
+    image_classification: ImageClassificationSpec = Field(
+        ImageClassificationSpec(), description="An image classifier's score, e.g. "
+        "`watermark_score` (model actors).")
     runtime: RuntimeSpec = Field(RuntimeSpec(), description="Workers, batches, retries, "
                                  "resume mode; never changes the output.")
     storage: StorageSpec = Field(StorageSpec(), description="S3 endpoint, region, retries.")
+    signals: SignalsSpec = Field(SignalsSpec(), description="Quality signals measured on the "
+                                 "CPU workers (sharpness, exposure, text in the image, ...).")
 
     @model_validator(mode="after")
     def _distinct_locations(self) -> "JobSpec":
@@ -696,6 +1104,12 @@ class JobSpec(_Strict):
             problems.append("image_embedding is not enabled (its model actors decode)")
         if self.captioning.enabled:
             problems.append("captioning is enabled (its model actors take decoded pixels)")
+        if self.signals.image.enabled or self.signals.ocr.enabled:
+            problems.append("signals.image or signals.ocr is enabled (they measure the "
+                            "worker's pixels, then only a 32-pixel draft)")
+        if self.image_classification.enabled:
+            problems.append("image_classification is enabled (its model actors take decoded "
+                            "pixels)")
         if problems:
             raise FieldNotApplicable([("decode.device", self.decode.device,
                                        f"{self.decode.device!r} does not apply: "
@@ -703,7 +1117,7 @@ class JobSpec(_Strict):
         return self
 
 
-MODEL_SECTIONS = ("text_embedding", "image_embedding", "captioning")
+MODEL_SECTIONS = ("text_embedding", "image_embedding", "image_classification", "captioning")
 
 
 #: Bounds of a job spec's YAML: its size in bytes, and the nodes (scalars, lists,

@@ -49,16 +49,22 @@ def sections(model: type[BaseModel] = JobSpec, prefix: str = ""
         sub = _section_model(info)
         if sub is not None:
             yield from sections(sub, f"{prefix}{name}.")
+        elif _item_model(info) is not None:    # a list of sub-models: `heads[]`, ...
+            yield from sections(_item_model(info), f"{prefix}{name}[].")
 
 
 def fields(model: type[BaseModel] = JobSpec, prefix: str = ""
            ) -> Iterator[tuple[str, FieldInfo]]:
     """``(dotted name, FieldInfo)`` of every leaf field (not a section), e.g.
-    ``("source.kind", ...)``, ``("sink.webdataset.enabled", ...)``."""
+    ``("source.kind", ...)``, ``("sink.webdataset.enabled", ...)``; a list of sub-models
+    is a field and its items' fields follow as ``name[].field``
+    (``filters.signals[].column``)."""
     for name, info in model.model_fields.items():
         sub = _section_model(info)
         if sub is None:
             yield prefix + name, info
+            if _item_model(info) is not None:
+                yield from fields(_item_model(info), f"{prefix}{name}[].")
         else:
             yield from fields(sub, f"{prefix}{name}.")
 
@@ -97,7 +103,9 @@ def _section(prefix: str, model: type[BaseModel]) -> list[str]:
              "|---|---|---|---|---|"]
     for name, info in model.model_fields.items():
         sub = _section_model(info)
-        kind = (f"section [`{prefix}{name}`](#{_anchor(prefix + name)})" if sub
+        item = _item_model(info)
+        kind = (f"section [`{prefix}{name}`](#{_anchor(prefix + name)})" if sub else
+                f"list of [`{prefix}{name}[]`](#{_anchor(prefix + name + '[]')})" if item
                 else _type(info.annotation))
         default = "section defaults" if sub and not info.is_required() else _default(info)
         lines.append("| " + " | ".join([f"`{prefix}{name}`", kind, default, _constraints(info),
@@ -139,6 +147,16 @@ def _rules(model: type[BaseModel]) -> list[str]:
 def _section_model(info: FieldInfo) -> type[BaseModel] | None:
     ann = info.annotation
     return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+
+
+def _item_model(info: FieldInfo) -> type[BaseModel] | None:
+    """The item model of a list/tuple-of-models field (``tuple[HeadSpec, ...]``), else None."""
+    ann = info.annotation
+    if typing.get_origin(ann) in (tuple, list):
+        item = typing.get_args(ann)[0]
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            return item
+    return None
 
 
 def _doc(model: type[BaseModel]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from pipeline.columns import ERROR_REASON, REJECT_REASON, STATUS, Batch
+from pipeline.columns import ERROR_REASON, REJECT_REASON, SIGNAL_FLAGS, STATUS, Batch
 from pipeline.records import Status
 
 
@@ -20,22 +20,28 @@ from pipeline.records import Status
 
 class AttemptStats:
     """Counters of one attempt: ``rows`` by ``(status, reason)`` (reason ``"none"`` for ok
-    rows), ``retried_requests``/``throttled_requests`` (storage) and ``downloads`` (HTTP
+    rows), ``flags``: rows by each signal-filter flag they carry (``signal_flags``:
+    ``score_only`` would-be reject reasons, ``unscored:<column>``),
+    ``retried_requests``/``throttled_requests`` (storage) and ``downloads`` (HTTP
     counters of ``HttpFetcher.stats``). Thread-safe for ``storage_retry``."""
 
     def __init__(self):
         self.rows: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.flags: collections.Counter[str] = collections.Counter()
         self.retried_requests = 0
         self.throttled_requests = 0
         self.downloads: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
 
     def count_rows(self, batch: Batch) -> None:
-        """Count a finished batch's rows by ``status`` and by its typed reason column."""
+        """Count a finished batch's rows by ``status`` and by its typed reason column, and
+        its rows by each of their ``signal_flags`` (if the batch has the column)."""
         for i, status in enumerate(batch[STATUS]):
             reason = (batch[REJECT_REASON][i] if status == Status.REJECTED.value
                       else batch[ERROR_REASON][i] if status == Status.ERROR.value else None)
             self.rows[(status, reason or "none")] += 1
+        for flags in batch.get(SIGNAL_FLAGS) or ():
+            self.flags.update(flags or ())
 
     def storage_retry(self, throttled: bool) -> None:
         """Called by ``retry.RetryPolicy`` for each retried storage request."""
@@ -65,3 +71,8 @@ class AttemptStats:
         JSON object keys are strings)."""
         return {f"{s}:{r}": n for (s, r), n in sorted(self.rows.items())
                 if s != Status.OK.value}
+
+    @property
+    def rows_by_flag(self) -> dict[str, int]:
+        """Signal-filter flag -> rows carrying it (the marker's ``rows_by_flag``)."""
+        return dict(sorted(self.flags.items()))

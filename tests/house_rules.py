@@ -13,6 +13,7 @@ Rooms and their floors (a module may import its own room and rooms on lower floo
   1  media     pure codecs over bytes and arrays, no batches and no I/O
   2  input     what a record is and where it came from; never writes under the output
   2  output    everything under <output>/; never reads the input
+  2  calibration  signal thresholds from labels: curves, _calibration/ files (no reading of rows)
   3  steps     batch -> batch, no I/O, no ray
   3  dedup     the dataset-wide dedup pass's pure parts and its files under the output
   4  models    model backends and serving (torch lazily)
@@ -36,6 +37,7 @@ PACKAGE = ROOT / "pipeline"
 GROUND = ("columns", "records", "errors", "keys", "text", "spec", "spec_doc", "contracts",
           "stats")
 FLOORS = {**{g: 0 for g in GROUND}, "storage": 1, "media": 1, "input": 2, "output": 2,
+          "calibration": 2,
           "steps": 3, "dedup": 3, "models": 4, "read": 4, "assembly": 5, "runtime": 6,
           "cli": 7, "testing": 8, "__main__": 8, "": 8}
 #: Rooms on the same floor that must not import each other.

@@ -76,11 +76,14 @@ class Command:
         return self.language == "bash" and bool(JOB.search(self.text))
 
     def outputs_written(self) -> set[str]:
-        """Relative outputs a job command writes: ``--output X``, else the sink.uri of the
+        """Relative outputs a job command writes: ``--output X`` (``--out X`` for
+        ``make_tiny_models.py``, default ``output/tiny-models``), else the sink.uri of the
         specs it names (for ``make TARGET``: the specs in the target's recipe)."""
         given = re.findall(r"--output\s+(\S+)", self.text)
         if given:
             return set(given)
+        if "examples/make_tiny_models.py" in self.text:
+            return set(re.findall(r"--out\s+(\S+)", self.text)) or {"output/tiny-models"}
         text = self.text
         for target in re.findall(r"\bmake\s+(\w+)", text):
             text += "\n" + make_recipe(target)
@@ -88,7 +91,16 @@ class Command:
                 for spec in re.findall(r"examples/[\w.-]+\.yaml", text)}
 
     def outputs_read(self) -> set[str]:
-        return set() if self.is_job else set(OUTPUT.findall(self.text))
+        """Outputs a command reads: the ``output/...`` paths in its text (a job: none of its
+        own, but those its specs name other than their sink, e.g. ``output/tiny-models``)."""
+        if not self.is_job:
+            return set(OUTPUT.findall(self.text))
+        read = set()
+        for spec in re.findall(r"examples/[\w.-]+\.yaml", self.text):
+            text = (REPO / spec).read_text()
+            sink = yaml.safe_load(text)["sink"]["uri"]
+            read |= {p for p in OUTPUT.findall(text) if p != sink}
+        return read
 
 
 def make_recipe(target: str) -> str:

@@ -9,6 +9,11 @@ Outputs: ``image_embedding`` (n, D) L2-normalised, float32 or float16 storage, D
 model; with ``score``: ``clip_score`` (n,) float32, the cosine of the image and caption
 embeddings, NaN where the row has no caption. With ``decode.device: cuda`` images may come
 encoded and are decoded here (``pipeline.models.media``); ``media_stats()`` counts how.
+
+``heads`` (``models.heads``) and ``zero_shot`` classifiers (``models.zero_shot``) score the
+normalised image embedding on the device, each into one (n,) float32 column
+(``aesthetic_score``, ``nsfw_score``, ``score_<name>``); their scores come back with the
+embedding in one device-to-host copy.
 """
 
 from __future__ import annotations
@@ -16,10 +21,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pipeline.errors import ModelLoadError
 from pipeline.models.base import ModelBackend
 from pipeline.contracts import ModelInfo, OutputField
+from pipeline.models.heads import load_head
 from pipeline.models.media import MediaDecoder
 from pipeline.models.text import cap_chars
+from pipeline.models.zero_shot import ZeroShot
 from pipeline.models.torch_util import (copies_done, geometry_from_processor, l2_normalize,
                                         normalizer_for, pick_dtype, to_device, to_device_uint8,
                                         wait_for)
@@ -52,12 +60,21 @@ class DualEncoder(ModelBackend):
         self.max_tokens = min(int(text_config.max_position_embeddings),
                               int(self.processor.tokenizer.model_max_length))
         self.pad = "max_length" if backend == "siglip" else "longest"
+        self.scorers = [load_head(h, device, f"image_embedding.heads[{i}]")
+                        for i, h in enumerate(spec.heads)]
+        self.scorers += [ZeroShot(z, self._encode_prompts, self.model.logit_scale.exp().item())
+                         for z in spec.zero_shot]
         probe = np.zeros((1, self.geometry.height_px, self.geometry.width_px, 3), np.uint8)
         with torch.inference_mode():  # also warms the model up
             dim = self.run(self.prepare({"pixels": probe, "text": ["a"]}))[IMAGE_EMBEDDING].shape[1]
+        wrong = [h.column for h in self.scorers[:len(spec.heads)] if h.spec.input_dim != dim]
+        if wrong:
+            raise ModelLoadError(f"image_embedding.heads {wrong}: input_dim differs from the "
+                                 f"model's embedding size {dim}")
         outputs = [OutputField(IMAGE_EMBEDDING, "vector", dim, spec.embedding_dtype)]
         if spec.score:
             outputs.append(OutputField(CLIP_SCORE, "float"))
+        outputs += [OutputField(s.column, "float") for s in self.scorers]
         self.info = ModelInfo(backend, tuple(outputs), image=self.geometry,
                               text="optional" if spec.score else None,
                               description=f"{backend} {type(self.model).__name__} D={dim} "
@@ -90,9 +107,10 @@ class DualEncoder(ModelBackend):
         wait_for(prepared.get("_ready"))
         pixels = self.normalize(prepared["pixels"])
         image = _features(self.model.get_image_features(pixel_values=pixels))
-        image_np = l2_normalize(image)
-        out = {IMAGE_EMBEDDING: image_np.astype(np.float16 if self.spec.embedding_dtype == "float16"
-                                                else np.float32)}
+        image_np, scores = self._embed_and_score(image)
+        out = {s.column: np.ascontiguousarray(scores[:, j]) for j, s in enumerate(self.scorers)}
+        out[IMAGE_EMBEDDING] = image_np.astype(np.float16 if self.spec.embedding_dtype
+                                               == "float16" else np.float32)
         for key in (MEDIA_ERRORS, MEDIA_IMAGES):
             if key in prepared:
                 out[key] = list(prepared[key])
@@ -104,6 +122,23 @@ class DualEncoder(ModelBackend):
             score[~np.asarray(prepared["has_text"], dtype=bool)] = np.nan
             out[CLIP_SCORE] = score
         return out
+
+    def _embed_and_score(self, image: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Image features (n, D) on the device -> their L2-normalised float32 rows and the
+        scorers' (n, k) float32 scores, as host arrays from one device-to-host copy."""
+        emb = torch.nn.functional.normalize(image.detach().float(), dim=-1)
+        if not self.scorers:
+            return emb.cpu().numpy(), np.zeros((emb.shape[0], 0), np.float32)
+        both = torch.cat([emb] + [s(emb)[:, None] for s in self.scorers], dim=1).cpu().numpy()
+        return both[:, :emb.shape[1]], both[:, emb.shape[1]:]
+
+    def _encode_prompts(self, prompts: list[str]) -> torch.Tensor:
+        """Text features (L, D) of zero-shot prompts, tokenised like captions."""
+        tokens = self.processor.tokenizer(cap_chars(prompts, self.max_tokens), padding=self.pad,
+                                          truncation=True, max_length=self.max_tokens,
+                                          return_tensors="pt")
+        return _features(self.model.get_text_features(
+            **{k: v.to(self.device) for k, v in tokens.items()}))
 
     def media_stats(self):
         return self.media.stats()

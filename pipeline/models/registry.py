@@ -1,13 +1,14 @@
 """The model registry: which backend serves which model step, and loading it once.
 
 Model steps are the spec sections in ``pipeline.spec.MODEL_SECTIONS``
-(``text_embedding``, ``image_embedding``, ``captioning``). Each names a model location
-and a backend (or ``auto``, read from ``config.json``'s ``model_type``). Backends are
-registered by name as ``"module:Class"`` and imported only when loaded, so importing
-this module pulls in neither torch nor transformers.
+(``text_embedding``, ``image_embedding``, ``image_classification``, ``captioning``). Each
+names a model location and a backend (or ``auto``, read from ``config.json``'s
+``model_type``). Backends are registered by name as ``"module:Class"`` and imported only
+when loaded, so importing this module pulls in neither torch nor transformers.
 
     check_models(spec)            # driver, job start: weights present and complete,
-                                  #   backend known, libraries there; else ModelLoadError
+                                  #   backend known, libraries there, heads fit the
+                                  #   model (models.heads); else ModelLoadError
     load_backend(section, spec, device)   # model actor: fetch weights, build the backend
 """
 
@@ -31,6 +32,8 @@ BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "blip": ("pipeline.models.captioner:BlipCaptioner", ("captioning",)),
     "vlm": ("pipeline.models.captioner:VlmCaptioner", ("captioning",)),
     "vllm": ("pipeline.models.vllm_captioner:VllmCaptioner", ("captioning",)),
+    "image-classifier": ("pipeline.models.image_classifier:ImageClassifier",
+                         ("image_classification",)),
 }
 
 
@@ -69,6 +72,8 @@ def resolve_backend(section: str, section_spec: Any, config: dict[str, Any]) -> 
                 raise ModelLoadError(f"image_embedding.model {section_spec.model!r}: model_type "
                                      f"{model_type!r} is not CLIP or SigLIP; set "
                                      "image_embedding.backend")
+        elif section == "image_classification":
+            name = "image-classifier"
         else:
             name = "blip" if model_type == "blip" else "vlm"
     if section not in BACKENDS.get(name, ("", ()))[1]:
@@ -91,6 +96,14 @@ def check_models(spec: JobSpec) -> dict[str, str]:
             from pipeline.models.vllm_captioner import check_available
 
             check_available(sspec)
+        if out[section] == "image-classifier":
+            from pipeline.models.image_classifier import positive_label_ids
+
+            positive_label_ids(config, sspec)  # labels named by the spec are the model's
+        if section == "image_embedding" and sspec.heads:
+            from pipeline.models.heads import check_heads
+
+            check_heads(sspec, config)  # embedding model, size and weights fit each head
     return out
 
 

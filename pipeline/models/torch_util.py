@@ -118,6 +118,11 @@ def geometry_from_processor(image_processor, fallback_px: int = 224):
     if getattr(image_processor, "do_center_crop", False) and crop.get("height"):
         edge = size.get("shortest_edge") or min(crop["height"], crop["width"])
         return ImageGeometry("center_crop", crop["height"], crop["width"], edge, resample)
+    crop_pct, edge = getattr(image_processor, "crop_pct", None), size.get("shortest_edge")
+    if crop_pct and edge and edge < 384 and type(image_processor).__name__.startswith("ConvNext"):
+        # ConvNeXt: shorter side to int(edge / crop_pct), centre crop edge x edge; from 384
+        # px up it warps to edge x edge (transformers ConvNextImageProcessor.resize)
+        return ImageGeometry("center_crop", edge, edge, int(edge / crop_pct), resample)
     if size.get("height") and size.get("width"):
         return ImageGeometry("squash", size["height"], size["width"], 0, resample)
     edge = size.get("shortest_edge") or fallback_px

@@ -33,7 +33,10 @@ class CommitMarker(BaseModel):
     ``files``: output files relative to the output root (data, quarantine, WebDataset
     shards), each with its ``sha256`` (hex, computed while streaming). ``rows_in`` equals
     the sum of ``rows_by_status`` (``ok``/``rejected``/``error``); ``rows_by_reason`` is
-    keyed ``"<status>:<reason>"``. ``rows_planned``: records the plan expected (None for
+    keyed ``"<status>:<reason>"``; ``rows_by_flag``: rows by each signal-filter flag
+    they carry (``signal_flags``: the reasons ``filters.score_only`` filters would reject
+    them for, ``unscored:<column>``; empty in markers written before it was recorded).
+    ``rows_planned``: records the plan expected (None for
     WebDataset, whose samples are known only once read). ``bytes_written``: bytes of all
     ``files``. Times are Unix seconds; ``duration_s`` seconds. ``retried_requests`` /
     ``throttled_requests``: storage requests this attempt retried / was throttled on.
@@ -55,6 +58,7 @@ class CommitMarker(BaseModel):
     rows_planned: int | None = None
     rows_by_status: dict[str, int]
     rows_by_reason: dict[str, int] = Field(default_factory=dict)
+    rows_by_flag: dict[str, int] = Field(default_factory=dict)
     bytes_written: int = 0
     started_at: float = 0.0
     finished_at: float = 0.0

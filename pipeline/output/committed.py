@@ -101,7 +101,7 @@ class Committed(Mapping):
 
     def count_in_background(self) -> "SkippedRows":
         """Start reading every marker on a thread; ``SkippedRows.add_to(report)`` waits
-        for it and adds the rows (by status and reason, ``rows_out``) to a ``JobReport``."""
+        for it and adds the rows (by status, reason and flag, ``rows_out``) to a ``JobReport``."""
         return SkippedRows(self)
 
 
@@ -111,6 +111,7 @@ class SkippedRows:
     def __init__(self, committed: Committed):
         self.rows_by_status: collections.Counter = collections.Counter()
         self.rows_by_reason: collections.Counter = collections.Counter()
+        self.rows_by_flag: collections.Counter = collections.Counter()
         self.rows_out = 0
         self.error: BaseException | None = None
         self._committed = committed
@@ -127,6 +128,7 @@ class SkippedRows:
                     for m in pool.map(self._committed.read, ids[start:start + READ_CHUNK]):
                         self.rows_by_status.update(m.rows_by_status)
                         self.rows_by_reason.update(m.rows_by_reason)
+                        self.rows_by_flag.update(m.rows_by_flag)
                         self.rows_out += m.rows_in
         except BaseException as e:  # noqa: BLE001 - re-raised by add_to on the caller's thread
             self.error = e
@@ -139,4 +141,5 @@ class SkippedRows:
             raise self.error
         report.rows_by_status.update(self.rows_by_status)
         report.rows_by_reason.update(self.rows_by_reason)
+        report.rows_by_flag.update(self.rows_by_flag)
         report.rows_out += self.rows_out

@@ -14,6 +14,11 @@
   _leases/<pid>.<attempt>.json                     a running attempt's lease (pipeline.output.lease)
 ```
 
+Beside the generations, at the output root only: ``_calibration/<name>/calibration.json``
+and ``calibration.png`` (``mmpipe calibrate``, ``pipeline.calibration``). They are
+mmpipe's names (``owned``) but no generation's entry (not in ``root_entries``): gc and
+``--mode overwrite`` never list them, so calibrations survive both.
+
 This is the layout of one generation (``pipeline.output.generations``): generation 1 at the
 output root, later ones (``--mode overwrite``) under ``_generations/g-<n>/``. An
 ``OutputLayout`` is built on a generation root.
@@ -53,6 +58,8 @@ DEDUP_DIR = "_dedup"
 #: Where generations after the first live (``pipeline.output.generations``).
 GEN_DIR = "_generations"
 JOB_LEASE_DIR = "_job"
+#: Threshold calibrations of the output (``pipeline.calibration``): not a generation's.
+CALIBRATION_DIR = "_calibration"
 #: The dedup hash index's attempt root (its files are ``<pid>.a-<attempt>.parquet`` under
 #: ``_index/<kind>/b-<bucket>/``, not under an attempt directory).
 INDEX_DIR = "_index"
@@ -73,7 +80,7 @@ def register_attempt_root(sink: str, directory: str) -> None:
     name of a fixed entry (``_checkpoints``, ``_plan``, ...), or a directory or datasink
     name already registered to another."""
     if not sink or not _DIR_NAME.match(directory or "") or directory in _FIXED_ENTRIES + (
-            GEN_DIR, JOB_LEASE_DIR):
+            GEN_DIR, JOB_LEASE_DIR, CALIBRATION_DIR):
         raise ValueError(f"datasink {sink!r}: directory {directory!r} is not a free top-level "
                          "name of an output")
     if ATTEMPT_ROOTS.get(sink, directory) != directory:
@@ -116,6 +123,7 @@ _FIXED_FILES = {
     FAILURE_DIR: re.compile(rf"^{_PID}\.json{_TMP}$"),
     ATTEMPT_LEASE_DIR: re.compile(rf"^{_PID}\.{_ATTEMPT}\.json{_TMP}$"),
 }
+_CALIBRATION_FILE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_.-]*/calibration\.(json|png){_TMP}$")
 #: Names that make a directory an output root of its own: a directory below a generation
 #: root holding one of them is a nested output, never entered (``owned_files``).
 OUTPUT_MARKERS = (PLAN_DIR, CHECKPOINT_DIR, SUCCESS_FILE, GEN_DIR, JOB_LEASE_DIR)
@@ -142,8 +150,10 @@ def owned(rel: str, extra: tuple[str, ...] | list[str] = ()) -> bool:
     """True if ``rel`` (a file path relative to a generation root) is a name of mmpipe's
     own layout: ``_SUCCESS``; a plan file, commit marker, failure record or attempt lease
     (and their ``.tmp-<hex>`` files); an attempt file (``attempt_of``); anything under
-    ``_dedup/`` (the dedup pass's own layout, ``pipeline.dedup.store``). What gc and the
-    deletion of a generation may delete; a user's ``data/labels.csv`` is not owned."""
+    ``_dedup/`` (the dedup pass's own layout, ``pipeline.dedup.store``); a calibration's
+    ``_calibration/<name>/calibration.json|png``. What gc and the deletion of a generation
+    may delete, of the entries they list (``root_entries``: ``_calibration/`` is none of
+    them, so it is never deleted); a user's ``data/labels.csv`` is not owned."""
     if rel == SUCCESS_FILE:
         return True
     top, _, rest = rel.partition("/")
@@ -151,6 +161,8 @@ def owned(rel: str, extra: tuple[str, ...] | list[str] = ()) -> bool:
         return bool(_FIXED_FILES[top].match(rest))
     if top == DEDUP_DIR:
         return bool(rest) and not rest.startswith("/")
+    if top == CALIBRATION_DIR:
+        return bool(_CALIBRATION_FILE.match(rest))
     return attempt_of(rel, extra) is not None
 
 

@@ -69,9 +69,9 @@ def run_job(spec: JobSpec, run_id: str | None = None) -> JobReport:
     """
     t0 = time.time()
     run_id = run_id or new_run_id()
+    fs.configure(**spec.storage.model_dump())  # first: assembling may read (flagged words)
     pipeline = assemble(spec)  # unbound models: the fingerprint, the datasource, the checks
     fp = pipeline.fingerprint
-    fs.configure(**spec.storage.model_dump())
     # the endpoint and region as resolved here travel in the spec: actors never take
     # them from their node's environment (fs.configure(from_env=False) there)
     spec = spec.model_copy(update={"storage": spec.storage.model_copy(

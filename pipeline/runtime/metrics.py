@@ -7,6 +7,8 @@ own labels (``WorkerId``, ``NodeAddress``, ``SessionName``, ...), so sum over th
 
 Exported names (labels; who records):
 - ``ray_mmpipe_records_total`` (job_name, status, reason; worker at commit: equals the markers)
+- ``ray_mmpipe_records_flagged_total`` (job_name, flag; worker at commit: the markers'
+  ``rows_by_flag``: signal-filter flags, e.g. ``score_only`` would-be reject reasons)
 - ``ray_mmpipe_records_read_total``, ``ray_mmpipe_bytes_read_total`` (job_name; worker per batch
   read, every attempt; bytes are media bytes)
 - ``ray_mmpipe_bytes_written_total``, ``ray_mmpipe_partitions_committed_total`` (job_name; worker
@@ -43,6 +45,8 @@ BATCH_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
 _DEFS: dict[str, tuple[type, str, tuple[str, ...], list[float] | None]] = {
     "mmpipe_records": (raym.Counter, "Committed records by status and reason.",
                        ("job_name", "status", "reason"), None),
+    "mmpipe_records_flagged": (raym.Counter, "Committed records by signal-filter flag.",
+                               ("job_name", "flag"), None),
     "mmpipe_records_read": (raym.Counter, "Records read (every attempt).", ("job_name",), None),
     "mmpipe_bytes_read": (raym.Counter, "Media bytes read (every attempt).", ("job_name",), None),
     "mmpipe_bytes_written": (raym.Counter, "Bytes of committed output files.", ("job_name",), None),
@@ -105,6 +109,8 @@ class WorkerMetrics:
             return
         for (status, reason), n in outcome.rows.items():
             metric("mmpipe_records").inc(n, dict(self.tags, status=status, reason=reason))
+        for flag, n in outcome.marker.rows_by_flag.items():
+            metric("mmpipe_records_flagged").inc(n, dict(self.tags, flag=flag))
         if outcome.marker.bytes_written:
             metric("mmpipe_bytes_written").inc(outcome.marker.bytes_written, self.tags)
         metric("mmpipe_partitions_committed").inc(1, self.tags)

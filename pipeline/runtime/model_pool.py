@@ -1,9 +1,10 @@
 """``ModelActor``: one replica of one model step; ``ModelPool``s; ``ModelClient``: a worker's handle.
 
 One mechanism for every model step (``text_embedding``, ``image_embedding``,
-``captioning``): each enabled section gets a pool of ``replicas`` ModelActors (``num_gpus``
-each, fractional allowed) that load their backend once (``models.registry``) and serve it
-with a ``BatchServer`` (coalescing, prepare/compute overlap, OOM halving). Actors are
+``image_classification``, ``captioning``): each enabled section gets a pool of
+``replicas`` ModelActors (``num_gpus`` each, fractional allowed) that load their backend
+once (``models.registry``) and serve it with a ``BatchServer`` (coalescing,
+prepare/compute overlap, OOM halving). Actors are
 threaded (``actor_concurrency`` requests at once), so several batches are in flight per
 actor. Workers send whole batches by object reference (one actor call per batch, never per
 record), keep at most ``max_in_flight`` outstanding, and retry a batch on another replica

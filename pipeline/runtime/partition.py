@@ -198,6 +198,7 @@ def _marker(pipeline: Pipeline, partition: Partition, attempt_id: str, result: W
         rows_in=stats.rows_in,
         rows_planned=pipeline.datasource.rows_planned(partition),
         rows_by_status=stats.rows_by_status, rows_by_reason=stats.rows_by_reason,
+        rows_by_flag=stats.rows_by_flag,
         bytes_written=result.bytes_written, started_at=started, finished_at=finished,
         duration_s=round(finished - started, 3), mmpipe_version=__version__,
         ran_on=ran_on or {}, retried_requests=stats.retried_requests,

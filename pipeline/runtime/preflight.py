@@ -44,8 +44,8 @@ def preflight(spec: JobSpec, models: bool = True) -> Preflight:
     from pipeline.assembly import assemble
     from pipeline.models.registry import check_models
 
+    fs.configure(**spec.storage.model_dump())  # first: assembling may read (flagged words)
     pipeline = assemble(spec)
-    fs.configure(**spec.storage.model_dump())
     check_source(spec)
     done = check_output(spec, pipeline)
     if models:

@@ -11,7 +11,8 @@ from pipeline.output.checkpoint import CommitMarker
 
 @dataclasses.dataclass
 class JobReport:
-    """Partitions done/skipped/failed, rows by status and reason, throughput, wall time.
+    """Partitions done/skipped/failed, rows by status, reason and signal-filter flag
+    (``rows_by_flag``, the markers'), throughput, wall time.
 
     ``records_per_s`` counts rows processed in this run (skipped partitions excluded)
     over ``wall_s`` seconds (planning and model start-up included). ``inputs``: the plan's
@@ -33,6 +34,7 @@ class JobReport:
     attempts: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     rows_by_status: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     rows_by_reason: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    rows_by_flag: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     rows_processed: int = 0
     bytes_written: int = 0
     throttled_requests: int = 0
@@ -49,6 +51,7 @@ class JobReport:
         self.rows_by_status.update(marker.rows_by_status)
         self.rows_out += marker.rows_in
         self.rows_by_reason.update(marker.rows_by_reason)
+        self.rows_by_flag.update(marker.rows_by_flag)
         if this_run:
             self.partitions_committed.append(marker.partition_id)
             self.rows_processed += marker.rows_in
@@ -74,6 +77,7 @@ class JobReport:
         d = dataclasses.asdict(self)
         d["rows_by_status"] = dict(self.rows_by_status)
         d["rows_by_reason"] = dict(sorted(self.rows_by_reason.items()))
+        d["rows_by_flag"] = dict(sorted(self.rows_by_flag.items()))
         d["downloads"] = dict(sorted(self.downloads.items()))
         d["partitions_committed"] = sorted(self.partitions_committed)
         d["partitions_skipped"] = sorted(self.partitions_skipped)
@@ -102,6 +106,9 @@ class JobReport:
         if self.rows_by_reason:
             lines.append("  reasons: " + ", ".join(f"{k}={v}" for k, v in
                                                    sorted(self.rows_by_reason.items())))
+        if self.rows_by_flag:
+            lines.append("  flagged (signal filters): " + ", ".join(
+                f"{k}={v}" for k, v in sorted(self.rows_by_flag.items())))
         lines.append(f"  this run: {self.rows_processed} records in {self.wall_s:.1f}s "
                      f"({self.records_per_s:.1f} records/s), {self.bytes_written / 2**20:.1f} MiB written, "
                      f"{self.retried_requests} storage requests retried "

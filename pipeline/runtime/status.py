@@ -12,6 +12,7 @@ import collections
 import json
 from typing import Any
 
+from pipeline.calibration import list_calibrations
 from pipeline.dedup.store import summary as dedup_summary
 from pipeline.errors import MmpipeError
 from pipeline.storage import fs
@@ -43,7 +44,8 @@ def output_status(output_uri: str) -> dict[str, Any]:
     ``inputs`` (the plan's totals: ``inputs``, ``rows`` planned, ``unread_by_extension``,
     ...); ``rows_out``; ``partitions_planned``, ``partitions_committed``,
     ``partitions_failed`` (partition id -> last error), ``partitions_pending``;
-    ``rows_by_status``; ``dedup`` (``pipeline.dedup.store.summary``: the newest dedup
+    ``rows_by_status``; ``rows_by_flag`` (signal-filter flags, the markers' sum);
+    ``dedup`` (``pipeline.dedup.store.summary``: the newest dedup
     generation and the duplicates of the newest complete one; None if the pass never
     ran). All of these describe the newest generation (``pipeline.output.generations``: the
     one a running ``--mode overwrite`` job writes); ``generation`` is its number,
@@ -51,7 +53,9 @@ def output_status(output_uri: str) -> dict[str, Any]:
     (what ``read_output``/``ls``/``export`` read; None if none is complete); ``runs``:
     committed partitions by the run id that committed them (``""``: not recorded);
     ``writer``: the run that holds the output's job lease now (None if none);
-    ``problems``: files read past because they are damaged (``_SUCCESS``; a damaged
+    ``calibrations``: the threshold calibrations under ``_calibration/``
+    (``pipeline.calibration.list_calibrations``, each with ``stale``: measured on another
+    generation than the one readers read); ``problems``: files read past because they are damaged (``_SUCCESS``; a damaged
     ``_failures/`` record shows as that partition's error). Raises
     ``NotAnOutput`` if there is no ``_plan/``, ``_checkpoints/`` or ``_generations/`` at
     ``output_uri``.
@@ -70,9 +74,11 @@ def output_status(output_uri: str) -> dict[str, Any]:
     success = _read_json(layout.success, problems)
     total = len(plan) if plan else 0
     rows: dict[str, int] = {}
+    flags: collections.Counter = collections.Counter()
     for m in markers.values():
         for k, v in m.rows_by_status.items():
             rows[k] = rows.get(k, 0) + v
+        flags.update(m.rows_by_flag)
     inputs = plan.totals() if plan else {}
     rows_out = sum(m.rows_in for m in markers.values())
     planned_rows = inputs.get("rows")
@@ -91,6 +97,7 @@ def output_status(output_uri: str) -> dict[str, Any]:
         "partitions_failed": {p: f.get("error", "") for p, f in sorted(failures.items())},
         "partitions_pending": max(0, total - len(markers) - len(failures)),
         "rows_by_status": rows,
+        "rows_by_flag": dict(sorted(flags.items())),
         "dedup": dedup_summary(root),
         "generation": gens[-1].number if gens else None,
         "generations": [g.number for g in gens],
@@ -98,8 +105,19 @@ def output_status(output_uri: str) -> dict[str, Any]:
         "runs": dict(sorted(collections.Counter(
             m.ran_on.get("run_id", "") for m in markers.values()).items())),
         "writer": _writer(output_uri),
+        "calibrations": _calibrations(output_uri, readable or (gens[-1] if gens else None),
+                                      problems),
         "problems": problems,
     }
+
+
+def _calibrations(output_uri: str, read_gen, problems: list[str]) -> list[dict[str, Any]]:
+    """``list_calibrations``, each marked ``stale`` if its generation is not ``read_gen``'s
+    (the generation readers read; a calibration of a later overwrite's data is not)."""
+    found = list_calibrations(output_uri, problems)
+    for c in found:
+        c["stale"] = read_gen is not None and c["generation"] != read_gen.number
+    return found
 
 
 def _writer(output_uri: str) -> dict[str, Any] | None:
@@ -156,6 +174,9 @@ def format_status(status: dict[str, Any]) -> str:
         f"records planned, {s['rows_out']} rows out",
         "  rows: " + " ".join(f"{k}={by_status.get(k, 0)}" for k in ("ok", "rejected", "error")),
     ]
+    if s.get("rows_by_flag"):
+        lines.append("  flagged (signal filters): " + ", ".join(
+            f"{k}={v}" for k, v in s["rows_by_flag"].items()))
     unread = inputs.get("unread_by_extension") or {}
     if unread:
         lines.append("  not read (unlisted extension or container, unpaired sidecar, not a file): "
@@ -183,5 +204,15 @@ def format_status(status: dict[str, Any]) -> str:
                                             for r, n in runs.items()))
     if s.get("writer"):
         lines.append(f"  running now: {s['writer']['holder']}")
+    for c in s.get("calibrations") or []:
+        lines.append(f"  calibration {c['name']!r} (generation {c['generation']}"
+                     f"{', STALE: another generation' if c['stale'] else ''}, target precision "
+                     f"{c['target_precision']:g}): {c['uri']}")
+        for col, v in c["signals"].items():
+            at = ("unreachable" if v["threshold_at_target"] is None else
+                  f">= {v['threshold_at_target']:.6g} (recall {v['recall_at_target']:.3f})")
+            lines.append(f"    {col}: best F1 {v['best_f1']:.3f} at >= "
+                         f"{v['best_f1_threshold']:.6g}; at target precision {at}; "
+                         f"{v['used']} labelled, {v['positives']} positive")
     lines.append(f"  output: {s['output']}")
     return "\n".join(lines)

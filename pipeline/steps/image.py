@@ -108,7 +108,8 @@ class FilterStep(Filter):
         self.spec = spec
 
     def settings(self):
-        return self.spec.model_dump(mode="json")
+        # the signal filters are steps of their own (steps/signal_filter.py)
+        return self.spec.model_dump(mode="json", exclude={"signals", "score_only"})
 
     def reject_reason(self, batch, i):
         w, h = batch[WIDTH][i], batch[HEIGHT][i]

@@ -1,20 +1,22 @@
 """Model steps inside a partition: one mechanism for every served model (no Ray here).
 
 A ``ModelStep`` is one model section (``text_embedding``, ``image_embedding``,
-``captioning``) as the assembler declares it: the columns it writes and the settings that
-change them, known from the spec alone. A worker binds it to a client (``submit(inputs)
--> handle``, ``result(handle) -> outputs``, optionally ``ready(handle) -> bool``) and the
-loaded model's ``ModelInfo`` (which inputs, which output columns and their types). The
-assembler orders model steps in ``ModelStages``: stage 0 runs every model whose input is
-known after the CPU steps (text and image embeddings, in parallel); a later stage runs only on rows still ``ok`` after the
-previous stage's filters (captioning after the ``min_clip_score`` filter, so no GPU time
-is spent captioning rejected images).
+``image_classification``, ``captioning``) as the assembler declares it: the columns it
+writes and the settings that change them, known from the spec alone. A worker binds it
+to a client (``submit(inputs) -> handle``, ``result(handle) -> outputs``, optionally
+``ready(handle) -> bool``) and the loaded model's ``ModelInfo`` (which inputs, which
+output columns and their types). The assembler orders model steps in ``ModelStages``:
+stage 0 runs every model whose input is known after the CPU steps (text and image
+embeddings, image classifiers, in parallel); a later stage runs only on rows still
+``ok`` after the previous stage's filters (captioning after the ``min_clip_score``
+filter, so no GPU time is spent captioning rejected images).
 
 Video rows carry an (F, h, w, 3) stack of their F sampled frames instead of one image:
 an embedding model gets every frame (the caption repeated per frame) and the row gets the
 mean-pooled, L2-normalised ``image_embedding`` (the clip embedding), the per-frame vectors
-in ``frame_embeddings`` and the mean of the per-frame scalar outputs (``clip_score``); a
-captioner gets the middle sampled frame.
+in ``frame_embeddings`` and the mean of the per-frame scalar outputs (``clip_score``,
+the heads' and zero-shot scores); a
+captioner or an image classifier (no vector output) gets the middle sampled frame.
 
 Per batch, the worker submits the stage's steps (whole columns: a (n, H, W, 3) uint8
 array, a list of captions) and moves on to the next batch; at most ``max_in_flight``
@@ -46,13 +48,20 @@ if TYPE_CHECKING:  # steps do not import models at run time (import direction)
     from pipeline.contracts import ModelInfo
 
 
+#: Section fields that add output columns when set and change nothing when empty
+#: (``image_embedding.heads``, ``.zero_shot``): left out of ``settings()`` while empty.
+UNSET_WHEN_EMPTY = frozenset({"heads", "zero_shot"})
+
+
 def section_writes(section: str, section_spec: Any, video: bool) -> tuple[str, ...]:
     """The columns a model section writes, from its spec alone (before any model loads)."""
     if section == "text_embedding":
         return (TEXT_EMBEDDING,)
     if section == "image_embedding":
         return ((IMAGE_EMBEDDING,) + ((CLIP_SCORE,) if section_spec.score else ())
-                + ((FRAME_EMBEDDINGS,) if video else ()))
+                + ((FRAME_EMBEDDINGS,) if video else ()) + section_spec.quality_columns)
+    if section == "image_classification":
+        return (section_spec.column,)
     return (GENERATED_CAPTION,)
 
 
@@ -98,7 +107,11 @@ class ModelStep(Step):
             (self.info.image.column,) if self.info.image is not None else ())
 
     def settings(self) -> dict[str, Any]:
-        return self.section_spec.model_dump(mode="json", exclude=set(SERVING_FIELDS))
+        """The section's fields but the serving ones; fields added after outputs existed
+        (``UNSET_WHEN_EMPTY``) are left out while empty, so their arrival does not change
+        the fingerprint of a job that does not use them (its committed output resumes)."""
+        out = self.section_spec.model_dump(mode="json", exclude=set(SERVING_FIELDS))
+        return {k: v for k, v in out.items() if not (k in UNSET_WHEN_EMPTY and not v)}
 
     def bind(self, client: Any, info: "ModelInfo") -> "ModelStep":
         """Attach a client and the loaded model's ``info``; return self.
@@ -122,7 +135,8 @@ class ModelStep(Step):
         list<fixed_size_list>); needs ``bind``."""
         if self.info is None:
             raise ModelLoadError(f"{self.section}: not bound to a model; column types unknown")
-        out = [lookup(f.name).field(f.arrow().type) for f in self.info.outputs]
+        out = [lookup(f.name).field(f.arrow().type).with_name(f.name)  # family: score_<name>
+               for f in self.info.outputs]
         if self.per_frame:
             emb = next(f for f in out if f.name == IMAGE_EMBEDDING)
             out.append(lookup(FRAME_EMBEDDINGS).field(pa.list_(emb.type)))
@@ -262,6 +276,10 @@ class ModelStages:
                 rows = step.rows(entry.batch)
                 if rows:
                     entry.calls.append((step, rows, step.client.submit(step.inputs(entry.batch, rows))))
+            if not entry.calls and entry.stage < len(self.stages):
+                # nothing to send: the stage's filters still see its (unscored) rows
+                for f in self.filters[entry.stage]:
+                    entry.batch = f(entry.batch)
 
     def done(self, entry: _InFlight) -> bool:
         return entry.stage >= len(self.stages)

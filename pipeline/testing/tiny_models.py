@@ -9,6 +9,13 @@
 * ``tiny-blip``   ``BlipForConditionalGeneration`` + ``BlipProcessor`` (384 px, squash)
 * ``tiny-llava``  ``LlavaForConditionalGeneration`` + ``LlavaProcessor`` (the generic
   image-text-to-text path; 224 px)
+* ``tiny-clip-768`` ``tiny-clip`` with projection_dim 768 (CLIP ViT-L/14's embedding
+  size, for the LAION heads)
+* ``tiny-convnext`` ``ConvNextForImageClassification`` + ``ConvNextImageProcessor``
+  (labels ``clear``/``watermark``; 224 px: shorter side 256, centre crop)
+* ``tiny-heads``  random weights of the two LAION heads of ``models.heads`` at their real
+  size (768 inputs): ``aesthetic.safetensors`` (improved-aesthetic-predictor MLP) and
+  ``nsfw.safetensors`` (CLIP-based NSFW detector), for ``tiny-clip-768``
 
 Input sizes, image processors and tokenizers are those of the real models (BLIP's is
 bert-base-uncased plus ``[DEC]``, taken from the bundled MiniLM vocabulary; CLIP, SigLIP
@@ -34,7 +41,8 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 CAPTIONS = REPO / "data" / "photos" / "captions.jsonl"
 SEED = 0
-NAMES = ("tiny-clip", "tiny-siglip", "tiny-blip", "tiny-llava")
+NAMES = ("tiny-clip", "tiny-siglip", "tiny-blip", "tiny-llava", "tiny-convnext", "tiny-clip-768",
+         "tiny-heads")
 
 
 def _captions() -> list[str]:
@@ -66,7 +74,13 @@ def _text(full_size: bool, vocab_size: int, **extra) -> dict:
             "num_hidden_layers": 2, "num_attention_heads": 2, "initializer_range": 0.1, **extra}
 
 
-def build_clip(path: Path, full_size: bool = False) -> Path:
+def build_clip_768(path: Path, full_size: bool = False) -> Path:
+    """``build_clip`` with projection_dim 768, the embedding size of CLIP ViT-L/14 (what the
+    LAION heads of ``models.heads`` take); tiny towers unless ``full_size``."""
+    return build_clip(path, full_size, projection_dim=768)
+
+
+def build_clip(path: Path, full_size: bool = False, projection_dim: int | None = None) -> Path:
     """CLIP ViT-B/32 layout (224 px, patch 32), tiny unless ``full_size``."""
     from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPProcessor
 
@@ -76,7 +90,7 @@ def build_clip(path: Path, full_size: bool = False) -> Path:
                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                           pad_token_id=tok.pad_token_id),
         vision_config=_vision(full_size, 224, 32),
-        projection_dim=512 if full_size else 64)
+        projection_dim=projection_dim or (512 if full_size else 64))
     image_processor = CLIPImageProcessorPil(size={"shortest_edge": 224},
                                             crop_size={"height": 224, "width": 224})
     return _save(path, CLIPModel(config), CLIPProcessor(image_processor, tok))
@@ -145,8 +159,43 @@ def build_llava(path: Path, full_size: bool = False) -> Path:
     return _save(path, LlavaForConditionalGeneration(config), processor)
 
 
+def build_convnext(path: Path, full_size: bool = False) -> Path:
+    """A two-label image classifier (``clear``, ``watermark``): ConvNeXt-T layout and the
+    facebook/convnext-tiny-224 image processor (224 px, crop_pct 0.875, ImageNet mean/std),
+    tiny widths and depths unless ``full_size``."""
+    from transformers import (ConvNextConfig, ConvNextForImageClassification,
+                              ConvNextImageProcessorPil)
+
+    labels = {"id2label": {0: "clear", 1: "watermark"}, "label2id": {"clear": 0, "watermark": 1}}
+    tiny = {} if full_size else {"hidden_sizes": [8, 16, 32, 64], "depths": [1, 1, 1, 1],
+                                 "initializer_range": 0.2}  # wide: scores vary by image
+    model = ConvNextForImageClassification(ConvNextConfig(image_size=224, **tiny, **labels))
+    processor = ConvNextImageProcessorPil(size={"shortest_edge": 224}, crop_pct=224 / 256,
+                                          image_mean=[0.485, 0.456, 0.406],
+                                          image_std=[0.229, 0.224, 0.225])
+    return _save(path, model, processor)
+
+
+def build_heads(path: Path, full_size: bool = False) -> Path:
+    """The LAION aesthetic and NSFW heads (``models.heads`` presets, 768 inputs) with random
+    weights, saved as safetensors; a ``config.json`` lists the files (heads themselves
+    have none: their architecture is the spec's preset). ``full_size`` changes nothing."""
+    from safetensors.torch import save_file
+
+    from pipeline.models import heads
+
+    path.mkdir(parents=True, exist_ok=True)
+    files = {"laion-aesthetic": "aesthetic.safetensors", "laion-nsfw": "nsfw.safetensors"}
+    for module, name in ((heads.laion_aesthetic(768), files["laion-aesthetic"]),
+                         (heads.NsfwMlp(768), files["laion-nsfw"])):
+        save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(path / name))
+    (path / "config.json").write_text(json.dumps({"heads": files}, indent=2) + "\n")
+    return path
+
+
 BUILDERS = {"tiny-clip": build_clip, "tiny-siglip": build_siglip, "tiny-blip": build_blip,
-            "tiny-llava": build_llava}
+            "tiny-llava": build_llava, "tiny-convnext": build_convnext,
+            "tiny-clip-768": build_clip_768, "tiny-heads": build_heads}
 
 
 def _save(path: Path, model, processor) -> Path:
