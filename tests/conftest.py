@@ -30,7 +30,7 @@ def ray_local():
     """A local Ray (2 CPUs) shared by in-process job tests; shut down at the end."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
     yield ray
     ray.shutdown()
