@@ -60,20 +60,34 @@ def cmd_run(args) -> int:
     spec = _load(args)
     # models come from local copies only, here as in every worker (runtime_env below)
     os.environ["HF_HUB_OFFLINE"] = "1"
+    # no address: a Ray of our own ("local"), never a `ray start` cluster joined unasked
+    address = args.address or os.environ.get("RAY_ADDRESS") or "local"
+    from pipeline.runtime import local_ray
+
+    # before Ray is imported: it reads some settings then (a local Ray: loopback only)
+    local_ray.quiet_env(local=address == "local")
+    processes = _processes(args, spec, address)   # started now: they load while we plan
+    try:
+        return _run(args, spec, address, processes)
+    finally:
+        if processes is not None:
+            processes.close()
+
+
+def _run(args, spec, address: str, processes) -> int:
     from pipeline.runtime.preflight import preflight
 
     checked = preflight(spec)  # input, output and models checked before Ray starts (exit 2)
     from pipeline.runtime import local_ray, stops
-
-    # no address: a Ray of our own ("local"), never a `ray start` cluster joined unasked
-    address = args.address or os.environ.get("RAY_ADDRESS") or "local"
-    # before Ray is imported: it reads some settings then (a local Ray: loopback only)
-    local_ray.quiet_env(local=address == "local")
     from pipeline.runtime.driver import run_job  # heavy (ray): only for commands that need it
     session = report = dedup = None
     try:
         if checked.nothing_to_run and not _dedup_pending(spec):  # all done: no Ray
             return _print_report(run_job(spec), args)
+        if processes is not None:
+            with stops.on_signals():
+                report = run_job(spec, processes=processes)
+            return _print_report(report, args)
         session = local_ray.start(address, dashboard=args.dashboard, verbose=args.verbose,
                                   runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
         with stops.on_signals():  # after ray.init, whose SIGTERM handler prints a stack dump
@@ -98,6 +112,31 @@ def cmd_run(args) -> int:
         print(dedup.format())
         code = code or (0 if dedup.complete else 1)
     return code
+
+
+def _processes(args, spec, address: str):
+    """``--executor``: ``auto`` is ``processes`` for a local run with no model stage, no
+    dataset-wide dedup pass and no ``--dashboard`` (Ray's start-up and shutdown, about 4 s,
+    would be most of a small job), else ``ray``. For ``processes``, the worker processes
+    (``executors.ProcessWorkers``), already spawning; None for Ray. An explicit
+    ``processes`` that the run cannot honour is a ``SpecError`` naming what needs Ray."""
+    from pipeline.models.registry import enabled_sections
+
+    needs_ray = [*(f"{s}.enabled" for s in enabled_sections(spec)),
+                 *(["dedup.dataset.enabled"] if spec.dedup.dataset.enabled else []),
+                 *(["--dashboard"] if args.dashboard else []),
+                 *([f"--address {address}"] if address != "local" else [])]
+    if args.executor == "processes" and needs_ray:
+        raise SpecError(f"--executor processes runs partition workers without Ray; this run "
+                        f"needs Ray for {', '.join(needs_ray)}", "--executor", "processes")
+    if args.executor == "ray" or (args.executor == "auto" and needs_ray):
+        return None
+    from pipeline.runtime.executors import ProcessWorkers, new_run_id
+
+    processes = ProcessWorkers(spec.name, new_run_id(), verbose=getattr(args, "verbose", False))
+    cap = spec.runtime.num_workers or spec.runtime.max_workers
+    processes.prestart(min(cap, processes.capacity) if cap else processes.capacity)
+    return processes
 
 
 def _dedup_pending(spec) -> bool:
@@ -389,6 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-json", help="also write the job report to this file")
     p.add_argument("--dashboard", action="store_true", help="start Ray's dashboard with a "
                    "local Ray (on 127.0.0.1) and print its URL")
+    p.add_argument("--executor", choices=["auto", "ray", "processes"], default="auto",
+                   help="where partition workers run: `ray` actors, or `processes` of this "
+                   "machine without starting Ray (no model stages, no dataset-wide dedup "
+                   "pass, no --dashboard); `auto` (default) takes processes for a local run "
+                   "that allows them, else Ray")
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="debug logging, and worker log lines shown here (else only in the "
                    "log directory printed at start)")

@@ -16,48 +16,38 @@ from __future__ import annotations
 import collections
 import logging
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayTaskError
 
 from pipeline.assembly import assemble
 from pipeline.errors import PartitionError
 from pipeline.storage import fs, retry
 from pipeline.output import plan as planning
 from pipeline.output.checkpoint import CheckpointStore
-from pipeline.models.registry import check_models
+from pipeline.models.registry import check_models, enabled_sections
+from pipeline.runtime.executors import ProcessWorkers, RayWorkers, WorkerLost, new_run_id
 from pipeline.runtime.metrics import DriverMetrics, job_namespace
-from pipeline.runtime.model_pool import (actor_request, model_stats, reserved_cpus,
-                                         resource_wait_error, start_model_pools,
-                                         stop_model_pools, waiting_for_resources)
+from pipeline.runtime.model_pool import model_stats, start_model_pools, stop_model_pools
 from pipeline.runtime.partition import AttemptOutcome, new_attempt_id
 from pipeline.runtime.output_session import OutputSession, open_output
 from pipeline.runtime.preflight import committed_markers
 from pipeline.runtime.progress import TICK_S as PROGRESS_TICK_S, Progress
 from pipeline.runtime.report import JobReport
 from pipeline.runtime.stops import Stopped
-from pipeline.runtime.worker import PartitionWorker
 from pipeline.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
 
-def default_workers(spec: JobSpec) -> int:
-    """Cluster CPUs minus those reserved for model actors, at least 1."""
-    cpus = int(ray.cluster_resources().get("CPU", 1))
-    return max(1, int(cpus - reserved_cpus(spec)))
-
-
-def new_run_id() -> str:
-    """A fresh run id: 8 hex digits, unique per ``run_job`` call in practice."""
-    return uuid.uuid4().hex[:8]
-
-
-def run_job(spec: JobSpec, run_id: str | None = None) -> JobReport:
-    """Run a job on the connected Ray cluster (``ray.init`` done by the caller).
+def run_job(spec: JobSpec, run_id: str | None = None,
+            processes: ProcessWorkers | None = None) -> JobReport:
+    """Run a job: its partition workers as Ray actors on the connected Ray cluster
+    (``ray.init`` done by the caller), or, given ``processes``, as those worker processes
+    of this machine (a job without model stages; no Ray; their run id is the run's).
+    ``executors`` says what each runs; both run the same ``PartitionWorker`` and commit
+    protocol.
 
     ``run_id`` (default: ``new_run_id()``) names this run: its actors live in the Ray
     namespace ``mmpipe-<job>-<run_id>``, so runs of the same spec share a cluster; it is
@@ -68,7 +58,10 @@ def run_job(spec: JobSpec, run_id: str | None = None) -> JobReport:
     the report so far and the partitions that were in flight.
     """
     t0 = time.time()
-    run_id = run_id or new_run_id()
+    run_id = processes.run_id if processes is not None else run_id or new_run_id()
+    if processes is not None and enabled_sections(spec):
+        raise ValueError(f"worker processes run no model stages; the spec enables "
+                         f"{', '.join(enabled_sections(spec))}: run it on Ray")
     fs.configure(**spec.storage.model_dump())  # first: assembling may read (flagged words)
     pipeline = assemble(spec)  # unbound models: the fingerprint, the datasource, the checks
     fp = pipeline.fingerprint
@@ -81,12 +74,13 @@ def run_job(spec: JobSpec, run_id: str | None = None) -> JobReport:
     # one, the old ones deleted once it is complete); sink.uri becomes its root
     output = open_output(spec, pipeline, run_id)
     try:
-        return _run_job(output, pipeline, run_id, t0)
+        return _run_job(output, pipeline, run_id, t0, processes)
     finally:
         output.close()
 
 
-def _run_job(output: OutputSession, pipeline, run_id: str, t0: float) -> JobReport:
+def _run_job(output: OutputSession, pipeline, run_id: str, t0: float,
+             processes: ProcessWorkers | None) -> JobReport:
     """``run_job`` inside the generation ``output`` writes (``output.spec``). The rows of
     partitions already committed are read on a thread while the others run."""
     spec, fp = output.spec, pipeline.fingerprint
@@ -103,14 +97,15 @@ def _run_job(output: OutputSession, pipeline, run_id: str, t0: float) -> JobRepo
     report.partitions_skipped.extend(sorted(done))   # from the listing of marker names
     skipped_rows = done.count_in_background()        # their rows: markers read on a thread
     todo = [pid for pid in plan.partition_ids if pid not in done]
-    log.info("job %s: run %s (Ray namespace %s): %d partitions planned (%s), %d already "
-             "committed, %d to run", spec.name, run_id, job_namespace(spec.name, run_id),
-             len(plan), how, len(done), len(todo))
+    where = (f"Ray namespace {job_namespace(spec.name, run_id)}" if processes is None
+             else "worker processes, no Ray")
+    log.info("job %s: run %s (%s): %d partitions planned (%s), %d already committed, %d to "
+             "run", spec.name, run_id, where, len(plan), how, len(done), len(todo))
     records = None if plan.rows_total is None else sum(
         n for p, n in zip(plan.partition_ids, plan.rows_planned) if p not in done)
     try:
         if todo:
-            _run_partitions(spec, fp, todo, report, records)  # report.run_id names the actors
+            _run_partitions(spec, fp, todo, report, records, processes)
     except Stopped:
         raise
     except KeyboardInterrupt:  # SIGINT/SIGTERM (pipeline.runtime.stops): say what is committed
@@ -123,17 +118,8 @@ def _run_job(output: OutputSession, pipeline, run_id: str, t0: float) -> JobRepo
     return report
 
 
-def _start_worker(spec: JobSpec, fp: str, index: int, pools: list, restarts: int = 0,
-                  run_id: str = ""):
-    name = f"PartitionWorker-{index}" + (f"-r{restarts}" if restarts else "")
-    return PartitionWorker.options(name=name,
-                                   namespace=job_namespace(spec.name, run_id),
-                                   num_cpus=1, resources=dict(spec.runtime.worker_resources)
-                                   ).remote(spec.model_dump_json(), fp, index, pools, run_id)
-
-
 def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
-                    records: int | None = None) -> None:
+                    records: int | None, processes: ProcessWorkers | None) -> None:
     """Run the partitions ``todo`` (``records``: the records they plan, None if unknown).
     Raises ``ResourceWaitError`` if no node takes a ModelActor, or any PartitionWorker,
     within ``runtime.resource_wait_s``."""
@@ -141,11 +127,17 @@ def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
     pools: list = []
     scheduler = None
     try:
-        pools = start_model_pools(spec, report.run_id)
-        scheduler = _Scheduler(spec, fp, todo, report, pools, progress)
+        if processes is None:
+            pools = start_model_pools(spec, report.run_id)
+            workers = RayWorkers(spec, fp, pools, report.run_id)
+        else:
+            workers = processes
+            workers.bind(spec, fp)
+        scheduler = _Scheduler(spec, todo, report, workers, progress)
         scheduler.start_initial()
         scheduler.loop()
-        report.model_actors = model_stats(pools)  # not after a stop: it waits on the actors
+        if pools:
+            report.model_actors = model_stats(pools)  # not after a stop: it waits on them
     except KeyboardInterrupt:  # a stop: the partitions in flight may still have committed
         # every partition handed out and not yet counted (the stop may come between taking
         # a finished attempt off the in-flight list and counting its marker)
@@ -162,24 +154,6 @@ def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
 SCALE_TICK_S = 2.0  # seconds between looks at the cluster's free resources
 
 
-def _ask_autoscaler(bundles: list[dict[str, float]]) -> None:
-    """``request_resources(bundles=...)``: the demand the autoscaler keeps room for (an
-    empty list clears it); a cluster without an autoscaler ignores it."""
-    from ray.autoscaler.sdk import request_resources
-
-    try:
-        request_resources(bundles=bundles)
-    except Exception as e:  # noqa: BLE001 - only a hint to the autoscaler
-        log.debug("request_resources failed: %s", e)
-
-
-def _fits_now(request: dict[str, float]) -> int:
-    """How many actors of ``request`` the cluster's free resources hold now (summed over
-    nodes: an estimate; a worker that does not fit waits, see ``resource_wait_s``)."""
-    free = ray.available_resources()
-    return int(min(free.get(k, 0.0) // v for k, v in request.items() if v > 0))
-
-
 class _Scheduler:
     """Hands partition ids to ready workers and handles each attempt's outcome.
 
@@ -193,12 +167,18 @@ class _Scheduler:
     worker is up, fails the job (``ResourceWaitError``). A worker death, a raised attempt
     or one running past ``attempt_timeout_s`` (its worker is killed and replaced)
     re-queues the partition until ``max_attempts``; then it is recorded in ``_failures/``
-    and the job goes on.
+    and the job goes on. A worker that cannot start ``runtime.max_attempts`` times in a
+    row (its constructor raises: another mmpipe version, a broken model location) fails
+    the job with that error instead of being started for ever.
+
+    ``workers`` (``executors.RayWorkers`` or ``ProcessWorkers``) starts, calls and kills
+    the workers; the scheduling is the same for both.
     """
 
-    def __init__(self, spec: JobSpec, fp: str, todo: list, report: JobReport, pools: list,
+    def __init__(self, spec: JobSpec, todo: list, report: JobReport, workers,
                  progress: Progress):
-        self.spec, self.fp, self.report, self.pools = spec, fp, report, pools
+        self.spec, self.report, self.backend = spec, report, workers
+        self.fp = workers.fp
         self.store = CheckpointStore(spec.sink.uri)
         self.queue = collections.deque(todo)
         self.attempts: collections.Counter = collections.Counter()
@@ -213,7 +193,7 @@ class _Scheduler:
         self.outage_since: dict[str, float] = {}  # pid -> first attempt lost to an outage
         self.progress = progress
         self.metrics = DriverMetrics(spec.name)
-        self.request = actor_request(1, 0, spec.runtime.worker_resources)
+        self.start_failures: collections.Counter = collections.Counter()  # in a row, per index
         self.next_index = 0
         self.last_scale = 0.0
 
@@ -227,11 +207,11 @@ class _Scheduler:
     def start_initial(self) -> None:
         """The first workers: ``num_workers``, else as many as the free resources hold
         (at least one), never more than ``wanted()``."""
-        n = self.spec.runtime.num_workers or max(1, _fits_now(self.request))
+        n = self.spec.runtime.num_workers or max(1, self.backend.fits_now())
         for _ in range(min(n, self.wanted())):
             self.start_worker()
         self.last_scale = time.monotonic()
-        _ask_autoscaler([self.request] * self.wanted())
+        self.backend.ask(self.wanted())
 
     def start_worker(self, i: int | None = None) -> None:
         """Start worker ``i`` again (after a death) or, with None, a new one."""
@@ -239,10 +219,9 @@ class _Scheduler:
             i, self.next_index = self.next_index, self.next_index + 1
         restarts = self.restarts[i]
         self.restarts[i] += 1
-        self.workers[i] = _start_worker(self.spec, self.fp, i, self.pools, restarts,
-                                        self.report.run_id)
+        self.workers[i] = self.backend.start(i, restarts)
         self.asked_at[i] = time.monotonic()
-        self.starting[self.workers[i].ping.remote()] = i
+        self.starting[self.backend.ping(self.workers[i])] = i
 
     def loop(self) -> None:
         while self.queue or self.in_flight or self.held:
@@ -264,8 +243,8 @@ class _Scheduler:
             i, pid, attempt = self.in_flight.pop(ref)
             self.handed_at.pop(ref, None)
             try:
-                outcome = ray.get(ref)
-            except (RayActorError, RayTaskError) as e:
+                outcome = self.backend.get(ref)
+            except Exception as e:  # noqa: BLE001 - a lost worker or the attempt's error
                 self._failed(i, pid, attempt, e)
                 continue
             self.idle.append(i)
@@ -277,16 +256,22 @@ class _Scheduler:
         if not waiting:  # workers were dropped; _scale starts one at the next turn
             time.sleep(PROGRESS_TICK_S)
             return []
-        return ray.wait(waiting, num_returns=1, timeout=PROGRESS_TICK_S)[0]
+        return self.backend.wait(waiting, PROGRESS_TICK_S)
 
     def _started(self, ref) -> None:
         i = self.starting.pop(ref)
         try:
-            ray.get(ref)
-            self.idle.append(i)
-        except RayActorError:
-            log.warning("worker %d could not start; starting it again", i)
+            self.backend.get(ref)
+        except WorkerLost as e:
+            self.start_failures[i] += 1
+            if self.start_failures[i] >= self.spec.runtime.max_attempts:
+                raise RuntimeError(f"PartitionWorker-{i} could not start "
+                                   f"{self.start_failures[i]} times in a row: {e}") from None
+            log.warning("worker %d could not start (%s); starting it again", i, _short(e))
             self.start_worker(i)
+            return
+        self.start_failures[i] = 0
+        self.idle.append(i)
 
     def _scale(self) -> None:
         """Every ``SCALE_TICK_S``: renew the autoscaler demand, time out unplaced
@@ -296,15 +281,15 @@ class _Scheduler:
             return
         self.last_scale = now
         wanted = self.wanted()
-        _ask_autoscaler([self.request] * wanted)
+        self.backend.ask(wanted)
         self._check_waits(now)
         missing = wanted - len(self.workers)
         if missing <= 0 or not self.queue:
             return
-        n = min(missing, _fits_now(self.request) - len(self.starting))
+        n = min(missing, self.backend.fits_now() - len(self.starting))
         if n > 0:
             log.info("starting %d more partition worker%s (free: %s)", n, "s"[:n - 1],
-                     {k: ray.available_resources().get(k, 0) for k in self.request})
+                     self.backend.free())
         for _ in range(max(n, 0 if self.workers else 1)):
             self.start_worker()
 
@@ -312,10 +297,10 @@ class _Scheduler:
         """Drop workers unplaced for ``resource_wait_s``; raise if no worker is up."""
         limit = self.spec.runtime.resource_wait_s
         for ref, i in list(self.starting.items()):
-            if now - self.asked_at[i] < limit or not waiting_for_resources(self.workers[i]):
+            if now - self.asked_at[i] < limit or not self.backend.unplaced(self.workers[i]):
                 continue
             if len(self.workers) == len(self.starting):  # none up: the job cannot go on
-                raise resource_wait_error(f"PartitionWorker-{i}", self.request, limit)
+                raise self.backend.wait_error(i, limit)
             log.info("PartitionWorker-%d found no room in %g s; going on without it", i, limit)
             self._drop(i, ref)
 
@@ -339,14 +324,13 @@ class _Scheduler:
     def _drop(self, i: int, starting_ref=None) -> None:
         if starting_ref is not None:
             self.starting.pop(starting_ref, None)
-        ray.kill(self.workers.pop(i))
+        self.backend.kill(self.workers.pop(i))
 
     def _dispatch(self, i: int, pid: str) -> None:
         attempt = new_attempt_id()
         self.attempts[pid] += 1
         self.report.attempts.setdefault(pid, []).append(attempt)
-        task = self.workers[i].run.options(name="PartitionWorker.run")  # bounded metric series
-        ref = task.remote(pid, attempt)
+        ref = self.backend.run(self.workers[i], pid, attempt)
         self.in_flight[ref] = (i, pid, attempt)
         self.handed_at[ref] = time.monotonic()
 
@@ -361,7 +345,7 @@ class _Scheduler:
                 continue
             del self.in_flight[ref]
             self.handed_at.pop(ref, None)
-            ray.kill(self.workers[i])
+            self.backend.kill(self.workers[i])
             self._failed(i, pid, attempt, AttemptTimeout(
                 f"partition {pid} attempt {attempt} ran longer than "
                 f"runtime.attempt_timeout_s={limit:g} s; cancelled"))
@@ -376,7 +360,7 @@ class _Scheduler:
         self.progress.update(pid, marker.rows_in)
 
     def _failed(self, i: int, pid: str, attempt: str, e: BaseException) -> None:
-        if isinstance(e, RayActorError):
+        if isinstance(e, WorkerLost):
             log.warning("worker %d died during %s/a-%s; starting a new one", i, pid, attempt)
             self.start_worker(i)
         elif isinstance(e, AttemptTimeout):
@@ -423,9 +407,9 @@ class _Scheduler:
     def close(self) -> None:
         """Kill the workers and clear this run's demand on the autoscaler."""
         self.metrics.remaining(len(self.queue) + len(self.in_flight))
-        _ask_autoscaler([])
         for w in self.workers.values():
-            ray.kill(w)
+            self.backend.kill(w)
+        self.backend.close()
 
 
 OUTAGE_RETRY_S = 5.0  # seconds before a partition lost to a storage outage is queued again
@@ -435,7 +419,7 @@ def _is_storage_outage(e: BaseException) -> bool:
     """Whether an attempt's error (a ``RayTaskError``'s cause, and what that was raised
     from) is a storage outage: ``retry.classify`` says transient or throttle, or a
     ``StorageError`` gave up (``gave_up``). A dead worker or a timeout is not."""
-    if isinstance(e, (RayActorError, AttemptTimeout)):
+    if isinstance(e, (WorkerLost, AttemptTimeout)):
         return False
     cause: BaseException | None = e.cause if isinstance(e, RayTaskError) and e.cause else e
     seen = set()

@@ -243,6 +243,10 @@ def show_actor_state(actor) -> None:
     the actor's following log lines. Ray reads ``__repr__`` once, when the actor is
     created; this re-announces it the way Ray itself does (a magic line the log monitor
     consumes), so the dashboard's logs say which partition each worker holds."""
+    import ray
+
+    if not ray.is_initialized():  # a worker process of the driver's (runtime.executors)
+        return
     try:
         from ray._private.ray_constants import LOG_PREFIX_ACTOR_NAME
     except ImportError:  # a Ray without it: keep the creation-time prefix

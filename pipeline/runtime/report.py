@@ -19,7 +19,7 @@ class JobReport:
     input totals (``PartitionPlan.totals``: inputs and records planned, objects not read
     by extension); ``rows_out``: rows of every committed partition. The job is complete
     only when every partition committed and, where the plan knows its records,
-    ``rows_out`` equals them. ``run_id``: this run's id (``driver.new_run_id``), also in
+    ``rows_out`` equals them. ``run_id``: this run's id (``executors.new_run_id``), also in
     its actors' Ray namespace (``metrics.job_namespace``) and in the markers' ``ran_on``.
     """
 

@@ -1,8 +1,11 @@
-"""``PartitionWorker``: the Ray actor that owns one partition at a time, end to end."""
+"""``PartitionWorker``: owns one partition at a time, end to end - as a Ray actor
+(``RemotePartitionWorker``) or in a worker process of the driver's own
+(``executors.ProcessWorkers``)."""
 
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,7 +23,6 @@ from pipeline.spec import JobSpec
 log = logging.getLogger(__name__)
 
 
-@ray.remote
 class PartitionWorker:
     """Assembles the pipeline once (models bound to the pools), then runs
     ``run(partition, attempt_id)`` calls one by one.
@@ -79,7 +81,7 @@ class PartitionWorker:
         try:
             out = run_partition(self.pipeline, partition, attempt_id, self.pool,
                                 ran_on={"worker": f"PartitionWorker-{self.index}",
-                                        "node_id": ray.get_runtime_context().get_node_id(),
+                                        "node_id": _node_id(),
                                         "run_id": self.run_id})
         except BaseException:
             self.metrics.partition_failed(time.perf_counter() - started)
@@ -97,3 +99,14 @@ class PartitionWorker:
 
     def __repr__(self) -> str:
         return f"PartitionWorker-{self.index}({getattr(self, 'current', 'starting')})"
+
+
+RemotePartitionWorker = ray.remote(PartitionWorker)
+
+
+def _node_id() -> str:
+    """The Ray node this worker runs on, or ``local:<host name>`` in a worker process of
+    the driver (``executors.ProcessWorkers``), as a commit marker's ``ran_on.node_id``."""
+    if ray.is_initialized():
+        return ray.get_runtime_context().get_node_id()
+    return f"local:{socket.gethostname()}"

@@ -23,7 +23,7 @@ STOP_LINE = re.compile(r"^(interrupted \(Ctrl-C\)|stopped \(SIGTERM\)): (\d+) of
 
 def start(out: Path, home: Path, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml", "--address",
-           "local", "--output", str(out), "--set", "source.partition_size=3",
+           "local", "--executor", "ray", "--output", str(out), "--set", "source.partition_size=3",
            "--set", "runtime.num_workers=1", "--set", "runtime.batch_size=3",
            "--set", "runtime.progress_interval_s=0.05",   # a line per partition
            "--set", "text_embedding.enabled=false"]     # no model to load: a shorter test

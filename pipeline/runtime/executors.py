@@ -1,0 +1,341 @@
+"""Where the driver's ``PartitionWorker``s run: Ray actors, or plain processes on this machine.
+
+The driver's scheduler (``driver._Scheduler``: queue, retries, timeouts, outages, the
+failure record) is one mechanism; it starts, calls, waits on and kills workers through one
+of these two backends, which offer the same handful of operations:
+
+- ``RayWorkers``: each worker a Ray actor (``PartitionWorker`` under ``ray.remote``), named
+  ``PartitionWorker-<i>`` in the run's namespace, placed by Ray on any node with one CPU and
+  ``runtime.worker_resources`` free; model stages are Ray actor pools the workers call.
+  The engine for clusters, model stages, the dashboard and the dataset-wide dedup pass.
+- ``ProcessWorkers``: each worker a child process of the driver (``multiprocessing``,
+  ``spawn``), talking over a pipe; no Ray is started. For a local job without model
+  stages it removes Ray's fixed cost (about 2.5 s of ``ray.init`` and 1.2 s of
+  ``ray.shutdown`` on a 2-core machine, bench/peers.py) while every partition still runs
+  the same ``PartitionWorker`` code and commit protocol. One worker per CPU this process
+  may run on (``os.sched_getaffinity``), each capped to one CPU's threads.
+
+A call returns a *ref*; ``wait(refs, timeout)`` returns those that finished and ``get(ref)``
+their value, raising ``WorkerLost`` when the worker died (a killed process, a lost node,
+a constructor that raised) and the attempt's own error otherwise (a ``RayTaskError`` from
+Ray, the original exception from a process).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import tempfile
+import uuid
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ASSIGNED_CPUS_ENV = "MMPIPE_ASSIGNED_CPUS"  # read by threads.assigned_cpus in a child
+KILL_GRACE_S = 5.0  # seconds to wait for a killed worker process to be reaped
+
+
+def new_run_id() -> str:
+    """A fresh run id: 8 hex digits, unique per ``run_job`` call in practice."""
+    return uuid.uuid4().hex[:8]
+
+
+class WorkerLost(Exception):
+    """A partition worker died (its process exited or was killed, its node was lost, or
+    its constructor raised) before answering a call."""
+
+
+class RayWorkers:
+    """Partition workers as Ray actors (the caller did ``ray.init``).
+
+    ``spec`` and ``fingerprint`` as the driver has them, ``pools`` the started model pools,
+    ``run_id`` names the namespace ``mmpipe-<job>-<run id>``."""
+
+    name = "ray"
+
+    def __init__(self, spec, fingerprint: str, pools: list, run_id: str):
+        from pipeline.runtime.model_pool import actor_request
+
+        self.spec, self.fp, self.pools, self.run_id = spec, fingerprint, pools, run_id
+        self.request = actor_request(1, 0, spec.runtime.worker_resources)
+
+    def start(self, index: int, restarts: int = 0):
+        """Ask Ray for worker ``index`` (``-r<n>`` after ``n`` restarts); returns its handle."""
+        from pipeline.runtime.metrics import job_namespace
+        from pipeline.runtime.worker import RemotePartitionWorker
+
+        name = f"PartitionWorker-{index}" + (f"-r{restarts}" if restarts else "")
+        return RemotePartitionWorker.options(
+            name=name, namespace=job_namespace(self.spec.name, self.run_id), num_cpus=1,
+            resources=dict(self.spec.runtime.worker_resources),
+        ).remote(self.spec.model_dump_json(), self.fp, index, self.pools, self.run_id)
+
+    def ping(self, handle):
+        """A ref that is ready once the worker is up."""
+        return handle.ping.remote()
+
+    def run(self, handle, partition_id: str, attempt_id: str):
+        """A ref to the worker's attempt of ``partition_id`` (one task name for every
+        partition: bounded metric series)."""
+        return handle.run.options(name="PartitionWorker.run").remote(partition_id, attempt_id)
+
+    def wait(self, refs: list, timeout: float) -> list:
+        """The first of ``refs`` to finish within ``timeout`` seconds (or none)."""
+        import ray
+
+        return ray.wait(refs, num_returns=1, timeout=timeout)[0]
+
+    def get(self, ref):
+        """The value of a finished ref; ``WorkerLost`` if its actor died."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        try:
+            return ray.get(ref)
+        except RayActorError as e:
+            raise WorkerLost(str(e)) from e
+
+    def kill(self, handle) -> None:
+        import ray
+
+        ray.kill(handle)
+
+    def fits_now(self) -> int:
+        """How many workers the cluster's free resources hold now (summed over nodes)."""
+        import ray
+
+        free = ray.available_resources()
+        return int(min(free.get(k, 0.0) // v for k, v in self.request.items() if v > 0))
+
+    def free(self) -> dict[str, float]:
+        """The free amount of each resource a worker asks for (for the log)."""
+        import ray
+
+        available = ray.available_resources()
+        return {k: available.get(k, 0) for k in self.request}
+
+    def ask(self, workers: int) -> None:
+        """``request_resources``: the autoscaler keeps room for ``workers`` workers (0
+        clears this run's demand); a cluster without an autoscaler ignores it."""
+        from ray.autoscaler.sdk import request_resources
+
+        try:
+            request_resources(bundles=[self.request] * workers)
+        except Exception as e:  # noqa: BLE001 - only a hint to the autoscaler
+            log.debug("request_resources failed: %s", e)
+
+    def unplaced(self, handle) -> bool:
+        """True while the worker's actor waits for a node with its resources."""
+        from pipeline.runtime.model_pool import waiting_for_resources
+
+        return waiting_for_resources(handle)
+
+    def wait_error(self, index: int, waited_s: float) -> Exception:
+        """The error for a job none of whose workers found room in ``waited_s`` seconds."""
+        from pipeline.runtime.model_pool import resource_wait_error
+
+        return resource_wait_error(f"PartitionWorker-{index}", self.request, waited_s)
+
+    def close(self) -> None:
+        """Clear this run's demand on the autoscaler."""
+        self.ask(0)
+
+
+class _Process:
+    """One worker process: the ``multiprocessing`` process and the driver's end of its pipe."""
+
+    def __init__(self, index: int, process, conn):
+        self.index, self.process, self.conn = index, process, conn
+
+
+class _Call:
+    """A call outstanding on a worker process (each worker has at most one at a time)."""
+
+    def __init__(self, worker: _Process):
+        self.worker = worker
+
+
+class ProcessWorkers:
+    """Partition workers as child processes of the driver, no Ray (see the module docstring).
+
+    ``job`` and ``run_id`` name the log directory (``mmpipe-<job>-<run id>-*`` under the
+    system's temp dir, one ``PartitionWorker-<i>.log`` per worker); with ``verbose`` the
+    workers log to this terminal instead. ``cpus``: how many workers run at once (default
+    the CPUs this process may run on). ``prestart(n)`` spawns processes that import the
+    worker's modules while the driver plans (about 0.6 s each); ``bind`` gives them the
+    spec and fingerprint once the driver has assembled it."""
+
+    name = "processes"
+
+    def __init__(self, job: str, run_id: str, *, verbose: bool = False,
+                 cpus: int | None = None):
+        self.run_id = run_id
+        self.capacity = cpus or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                 else os.cpu_count() or 1)
+        self.logs_dir = None if verbose else Path(
+            tempfile.mkdtemp(prefix=f"mmpipe-{job}-{run_id}-"))
+        self.live: dict[int, _Process] = {}
+        self.spare: list[_Process] = []
+        self.request = {"CPU": 1.0}
+        self.fp = ""
+        self._spec_json = ""
+        self._context = multiprocessing.get_context("spawn")
+
+    def prestart(self, n: int) -> None:
+        """Spawn ``n`` processes (at most ``cpus``) that load the worker's modules and wait
+        for ``start``."""
+        for _ in range(min(n, self.capacity) - len(self.spare)):
+            self.spare.append(self._spawn())
+
+    def bind(self, spec, fingerprint: str) -> None:
+        """The job every worker started from now on runs."""
+        self._spec_json, self.fp = spec.model_dump_json(), fingerprint
+        if self.logs_dir is not None:
+            log.info("worker logs: %s (--verbose shows them here)", self.logs_dir)
+
+    def _spawn(self) -> _Process:
+        ours, theirs = self._context.Pipe()
+        log_file = None if self.logs_dir is None else str(
+            self.logs_dir / f"spare-{len(self.live) + len(self.spare)}-{os.urandom(3).hex()}.log")
+        process = self._context.Process(target=serve, name="PartitionWorker", daemon=True,
+                                        args=(theirs, log_file))
+        process.start()
+        theirs.close()
+        return _Process(-1, process, ours)
+
+    def start(self, index: int, restarts: int = 0) -> _Process:
+        """Worker ``index``: a spare process if one is up, else a new one; it builds its
+        ``PartitionWorker`` and answers the first ``ping`` once that is done."""
+        worker = self.spare.pop() if self.spare else self._spawn()
+        worker.index = index
+        name = f"PartitionWorker-{index}" + (f"-r{restarts}" if restarts else "")
+        log_file = None if self.logs_dir is None else str(self.logs_dir / f"{name}.log")
+        try:
+            worker.conn.send(("init", self._spec_json, self.fp, index, self.run_id, log_file))
+        except OSError:    # it died while spare: get() says so
+            pass
+        self.live[id(worker)] = worker
+        return worker
+
+    def ping(self, handle: _Process) -> _Call:
+        return _Call(handle)   # the worker answers once its PartitionWorker is built
+
+    def run(self, handle: _Process, partition_id: str, attempt_id: str) -> _Call:
+        try:
+            handle.conn.send(("run", partition_id, attempt_id))
+        except OSError:    # it died since its last answer: get() says so
+            pass
+        return _Call(handle)
+
+    def wait(self, refs: list, timeout: float) -> list:
+        by_conn = {ref.worker.conn: ref for ref in refs}
+        ready = multiprocessing.connection.wait(list(by_conn), timeout)
+        return [by_conn[c] for c in ready][:1]
+
+    def get(self, ref: _Call):
+        worker = ref.worker
+        try:
+            kind, value = worker.conn.recv()
+        except (EOFError, OSError):
+            worker.process.join(KILL_GRACE_S)
+            raise WorkerLost(f"PartitionWorker-{worker.index} (pid {worker.process.pid}) "
+                             f"exited with code {worker.process.exitcode}") from None
+        if kind == "lost":   # its constructor raised: the worker is gone
+            worker.process.join(KILL_GRACE_S)
+            raise WorkerLost(f"PartitionWorker-{worker.index} could not start: {value}")
+        if kind == "error":
+            raise value
+        return value
+
+    def kill(self, handle: _Process) -> None:
+        self.live.pop(id(handle), None)
+        handle.process.kill()
+        handle.process.join(KILL_GRACE_S)
+        handle.conn.close()
+
+    def fits_now(self) -> int:
+        return max(0, self.capacity - len(self.live))
+
+    def free(self) -> dict[str, float]:
+        return {"CPU": float(self.fits_now())}
+
+    def ask(self, workers: int) -> None:
+        """No autoscaler on this machine."""
+
+    def unplaced(self, handle: _Process) -> bool:
+        return False    # a process starts at once
+
+    def wait_error(self, index: int, waited_s: float) -> Exception:
+        return RuntimeError(f"PartitionWorker-{index} did not start in {waited_s:g} s")
+
+    def close(self) -> None:
+        """Kill the worker processes still running, spare ones included."""
+        for worker in [*self.live.values(), *self.spare]:
+            self.kill(worker)
+        self.spare.clear()
+
+
+def serve(conn, log_file: str | None) -> None:
+    """A worker process's main loop: load the worker's modules, wait for ``("init", spec
+    JSON, fingerprint, index, run id, log file)``, build the ``PartitionWorker`` (answering
+    the driver's ``ping``), then run ``("run", partition id, attempt id)`` requests until
+    the driver closes the pipe. Ctrl-C is the driver's to handle (it kills this process);
+    logs go to the log file given (none: this terminal)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _log_to(log_file)
+    os.environ[ASSIGNED_CPUS_ENV] = "1"   # one CPU's threads, as Ray's num_cpus=1 gives
+    from pipeline.runtime.worker import PartitionWorker
+
+    try:
+        _kind, spec_json, fingerprint, index, run_id, worker_log = conn.recv()
+    except (EOFError, OSError):   # a spare the driver did not need
+        _drop_log(log_file)
+        return
+    if worker_log is not None:
+        _log_to(worker_log)
+        _drop_log(log_file)
+    try:
+        worker = PartitionWorker(spec_json, fingerprint, index, [], run_id)
+    except Exception as e:  # noqa: BLE001 - reported to the driver, which starts another
+        conn.send(("lost", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ok", True))
+    while True:
+        try:
+            _kind, partition_id, attempt_id = conn.recv()
+        except (EOFError, OSError):   # the driver is gone or closed the pipe
+            return
+        try:
+            conn.send(("ok", worker.run(partition_id, attempt_id)))
+        except Exception as e:  # noqa: BLE001 - the attempt's error is the driver's to judge
+            conn.send(("error", _picklable(e)))
+
+
+def _log_to(path: str | None) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``path``."""
+    if path is None:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _drop_log(path: str | None) -> None:
+    """Remove a spare process's log file if nothing was written to it."""
+    if path is not None and os.path.exists(path) and os.path.getsize(path) == 0:
+        os.unlink(path)
+
+
+def _picklable(e: BaseException) -> BaseException:
+    """``e`` if it survives pickling (its class, attributes and causes), else a
+    ``RuntimeError`` carrying its type and message."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001 - any pickling failure
+        return RuntimeError(f"{type(e).__name__}: {e}")

@@ -1,0 +1,117 @@
+"""``mmpipe run`` without Ray (issue 32, item 1): a local job with no model stage runs its
+partitions in worker processes of the driver (``--executor auto``, the default, or
+``processes``), through the same ``PartitionWorker``, scheduler and commit protocol as on
+Ray. Real runs of the bundled photos (57 records, 4 partitions of 15)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.compute as pc
+
+from pipeline.output.checkpoint import CheckpointStore
+from pipeline.read import read_output
+from tests.conftest import REPO
+from tests.e2e.jobs import clean_ray_env
+
+NO_MODEL = ["--set", "text_embedding.enabled=false"]
+
+
+def mmpipe_run(out: Path, home: Path, *extra: str, env: dict | None = None,
+               timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """``python -m pipeline run examples/images.yaml --output OUT ...`` as a user runs it."""
+    cmd = [sys.executable, "-m", "pipeline", "run", "examples/images.yaml",
+           "--output", str(out), *extra]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
+                          env=clean_ray_env(HOME=str(home), HF_HUB_OFFLINE="1", **(env or {})))
+
+
+def rows(out: Path) -> dict[str, tuple]:
+    table = read_output(str(out), ["key", "status", "width", "height", "sha256"]).to_table()
+    return {r["key"]: (r["status"], r["width"], r["height"], r["sha256"])
+            for r in table.to_pylist()}
+
+
+def test_auto_runs_a_model_less_job_without_ray_and_writes_what_ray_writes(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    procs = mmpipe_run(tmp_path / "processes", home, *NO_MODEL)
+    assert procs.returncode == 0, procs.stdout + procs.stderr
+    assert "(worker processes, no Ray)" in procs.stderr
+    assert "started a local Ray" not in procs.stderr
+    assert not (home / ".ray").exists()       # no Ray started: no token written either
+    on_ray = mmpipe_run(tmp_path / "ray", home, *NO_MODEL, "--executor", "ray",
+                        "--address", "local")
+    assert on_ray.returncode == 0, on_ray.stdout + on_ray.stderr
+    assert "started a local Ray" in on_ray.stderr
+    # the same job: same fingerprint, same committed rows, byte for byte
+    fingerprint = [line for line in procs.stdout.splitlines() if "fingerprint" in line]
+    assert fingerprint and fingerprint[0].split("fingerprint ")[1][:16] in on_ray.stdout
+    got, want = rows(tmp_path / "processes"), rows(tmp_path / "ray")
+    assert len(got) == 57 and got == want
+    markers = CheckpointStore(str(tmp_path / "processes")).markers()
+    assert len(markers) == 4
+    assert {m.ran_on["node_id"].split(":")[0] for m in markers.values()} == {"local"}
+    assert {m.ran_on["worker"] for m in markers.values()} <= {"PartitionWorker-0",
+                                                              "PartitionWorker-1"}
+
+
+def test_a_worker_process_that_dies_is_replaced_and_its_partition_retried_then_reported(
+        tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    out = tmp_path / "out"
+    run = mmpipe_run(out, home, *NO_MODEL, "--set", "runtime.max_attempts=2",
+                     env={"MMPIPE_CHAOS_KILL_WORKER_ON": "p-000001"})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stderr.count("died during p-000001") == 2   # both attempts, a new worker each
+    assert "partition p-000001 failed after 2 attempts" in run.stderr
+    store = CheckpointStore(str(out))
+    assert sorted(store.markers()) == ["p-000000", "p-000002", "p-000003"]
+    failure = store.failures()["p-000001"]
+    assert len(failure["attempts"]) == 2 and "exited with code 137" in failure["error"]
+    table = read_output(str(out), ["key"]).to_table()
+    assert table.num_rows == 57 - 15
+    # resuming without the fault runs only the failed partition
+    again = mmpipe_run(out, home, *NO_MODEL)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "3 skipped (already committed)" in again.stdout
+    assert read_output(str(out), ["key"]).to_table().num_rows == 57
+
+
+def test_a_hung_attempt_is_cancelled_after_the_attempt_timeout(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    out = tmp_path / "out"
+    run = mmpipe_run(out, home, *NO_MODEL, "--set", "runtime.max_attempts=1",
+                     "--set", "runtime.attempt_timeout_s=3",
+                     env={"MMPIPE_CHAOS_HANG_ON": "p-000002"})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "ran longer than runtime.attempt_timeout_s=3 s" in run.stderr
+    assert sorted(CheckpointStore(str(out)).markers()) == ["p-000000", "p-000001", "p-000003"]
+
+
+def test_processes_are_refused_where_the_run_needs_ray(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    run = mmpipe_run(tmp_path / "out", home, "--executor", "processes")  # MiniLM enabled
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "--executor" in run.stderr and "text_embedding.enabled" in run.stderr
+    assert not (tmp_path / "out").exists()     # refused before anything was written
+
+
+def test_the_report_json_of_a_process_run_counts_every_row(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    report = tmp_path / "report.json"
+    run = mmpipe_run(tmp_path / "out", home, *NO_MODEL, "--report-json", str(report),
+                     "--set", "source.partition_size=5", "--set", "runtime.num_workers=2")
+    assert run.returncode == 0, run.stdout + run.stderr
+    data = json.loads(report.read_text())
+    assert data["partitions_total"] == 12 and len(data["partitions_committed"]) == 12
+    assert data["rows_out"] == 57
+    statuses = read_output(str(tmp_path / "out"), ["status"]).to_table()["status"]
+    assert pc.sum(pc.equal(statuses, "ok")).as_py() == 57
