@@ -8,6 +8,11 @@ against the same job as a plain loop in one process and the same job on Ray Data
     .venv/bin/python bench/throughput.py                      # ~627 images, variants a,b,c
     .venv/bin/python bench/throughput.py --copies 5           # a smaller set (285 images)
     .venv/bin/python bench/throughput.py --variants a,b --cores 2 --workdir /tmp/bench
+    .venv/bin/python bench/throughput.py --copies 1 --no-model   # CPU steps only, no torch
+
+A rerun in the same ``--workdir`` overwrites each kept output (``runtime.mode=overwrite``:
+variant (a) then writes generation 2); timings and outputs are read from the current
+generation (``pipeline.output.generations.read_root``).
 
 What it does:
 
@@ -105,7 +110,7 @@ log = logging.getLogger("bench")
 
 # ----------------------------------------------------------------------------- data set
 
-def _make_copy(job: tuple[str, str, int, str]) -> dict[str, Any]:
+def make_copy(job: tuple[str, str, int, str]) -> dict[str, Any]:
     """Make one copy of one photo (runs in a worker process); return its stats."""
     from PIL import Image
 
@@ -155,7 +160,7 @@ def build_dataset(workdir: Path, copies: int, seed: int, cores: int) -> tuple[Pa
             rows.append({"path": rel, "caption": p["captions"][c % len(p["captions"])],
                          "key": f"{p['key']}-c{c:02d}"})
     with ProcessPoolExecutor(max(1, cores)) as ex:
-        stats = list(ex.map(_make_copy, jobs, chunksize=4))
+        stats = list(ex.map(make_copy, jobs, chunksize=4))
     random.Random(seed).shuffle(rows)
     tmp = manifest.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -173,13 +178,16 @@ def build_dataset(workdir: Path, copies: int, seed: int, cores: int) -> tuple[Pa
     return manifest, info
 
 
-def make_spec(manifest: Path, output: Path, partition_size: int):
-    """examples/quickstart.yaml pointed at the bench manifest and ``output``."""
+def make_spec(manifest: Path, output: Path, partition_size: int, model: bool = True):
+    """examples/quickstart.yaml pointed at the bench manifest and ``output``; ``model``
+    False: ``text_embedding.enabled=false`` (no model stage: ``--no-model``)."""
     from pipeline.spec import load_spec
 
     overrides = ["name=bench-throughput", "source.path_column=path",
                  "source.caption_column=caption", "source.key_column=key",
                  f"source.partition_size={partition_size}", "runtime.mode=overwrite"]
+    if not model:
+        overrides.append("text_embedding.enabled=false")
     return load_spec(QUICKSTART, overrides, str(manifest), str(output))
 
 
@@ -408,16 +416,23 @@ def _quiet_ray_init(cores: int) -> float:
 
 
 def read_markers(out_dir: str | Path) -> list:
-    """The commit markers (``CommitMarker``) of an output, in partition order."""
+    """The commit markers (``CommitMarker``) of an output's current generation (the one
+    readers use, ``generations.read_root``: a rerun of (a) in the same ``--workdir``
+    overwrites its kept output as generation 2, whose markers are not at the root), in
+    partition order."""
+    from pipeline.output import generations
     from pipeline.output.checkpoint import CheckpointStore
 
-    return [m for _, m in sorted(CheckpointStore(str(out_dir)).markers().items())]
+    root = generations.read_root(str(out_dir))
+    return [m for _, m in sorted(CheckpointStore(root).markers().items())]
 
 
 def _marker_window(out_dir: str, t_job: float) -> dict[str, float]:
     """From the commit markers: seconds from job start to the first partition's start, and
     from then to the last partition's commit."""
     ms = read_markers(out_dir)
+    if not ms:
+        raise RuntimeError(f"{out_dir}: no commit marker in its current generation")
     first, last = min(m.started_at for m in ms), max(m.finished_at for m in ms)
     return {"startup_s": round(first - t_job, 2), "processing_s": round(last - first, 2)}
 
@@ -434,11 +449,13 @@ def variant_a(spec, cores: int) -> dict[str, Any]:
     """mmpipe: ``run_job`` on a local Ray."""
     import ray
 
-    from pipeline.runtime.driver import default_workers, run_job
+    from pipeline.runtime.driver import run_job
+    from pipeline.runtime.model_pool import reserved_cpus
 
     init_s = _quiet_ray_init(cores)
     try:
-        workers = default_workers(spec)
+        # the driver's default worker count: cluster CPUs minus the model actors' reservation
+        workers = max(1, int(ray.cluster_resources().get("CPU", 1) - reserved_cpus(spec)))
         t_job = time.time()
         report = run_job(spec)
     finally:
@@ -509,8 +526,9 @@ def variant_b(spec, cores: int) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
     from pipeline.assembly import assemble
-    from pipeline.storage import fs
+    from pipeline.models.registry import enabled_sections
     from pipeline.runtime.partition import new_attempt_id, run_partition
+    from pipeline.storage import fs
     from pipeline.testing.local_models import local_models
 
     assert "ray" not in sys.modules, "the plain loop must not import ray"
@@ -519,11 +537,12 @@ def variant_b(spec, cores: int) -> dict[str, Any]:
     fs.delete_tree(spec.sink.uri)  # runtime.mode=overwrite
     acc: collections.Counter = collections.Counter()
     pool = ThreadPoolExecutor(spec.runtime.decode_threads)
-    # the model gets the threads mmpipe's ModelActor gets (Ray sets OMP_NUM_THREADS to the
-    # actor's num_cpus); torch's default (every core) would fight the decode threads
-    import torch
+    if enabled_sections(spec):
+        # the model gets the threads mmpipe's ModelActor gets (Ray sets OMP_NUM_THREADS to
+        # the actor's num_cpus); torch's default (every core) would fight the decode threads
+        import torch
 
-    torch.set_num_threads(max(1, int(spec.text_embedding.num_cpus)))
+        torch.set_num_threads(max(1, int(spec.text_embedding.num_cpus)))
     t = time.perf_counter()
     models = local_models(spec, client=_timed_client(acc))
     load_s = time.perf_counter() - t
@@ -545,6 +564,8 @@ def variant_b(spec, cores: int) -> dict[str, Any]:
     parts_s = time.perf_counter() - t_parts
     wall = time.time() - t0
     pool.shutdown()
+    if not enabled_sections(spec):
+        assert "torch" not in sys.modules, "the model-less plain loop imported torch"
     servers = {section: client.server.stats() for section, (client, _) in models.items()
                if hasattr(client.server, "stats")}
     profile = {"model load": round(load_s, 2)}
@@ -561,11 +582,9 @@ def variant_b(spec, cores: int) -> dict[str, Any]:
 
 
 def _torch_threads() -> int | None:
-    try:
-        import torch
-        return torch.get_num_threads()
-    except ImportError:  # pragma: no cover
-        return None
+    """torch's intra-op threads, if the variant imported torch (a model-less one does not)."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
 
 
 def _log_call(path: str, kind: str, start: float, rows: int) -> None:
@@ -703,8 +722,9 @@ def variant_c(spec, cores: int) -> dict[str, Any]:
     import ray
 
     from pipeline.assembly import assemble
-    from pipeline.storage import fs
+    from pipeline.models.registry import enabled_sections
     from pipeline.runtime.model_pool import reserved_cpus
+    from pipeline.storage import fs
 
     init_s = _quiet_ray_init(cores)
     try:
@@ -721,24 +741,28 @@ def variant_c(spec, cores: int) -> dict[str, Any]:
         parts_json = [partition_to_json(p) for p in partitions]
         blocks = [pa.table({"partition": [p]}) for p in parts_json]
         te = spec.text_embedding
-        workers = max(1, int(cores - reserved_cpus(spec)))  # as mmpipe's default_workers
+        # as variant (a): the driver's default worker count
+        workers = max(1, int(cores - reserved_cpus(spec)))
         ds = ray.data.from_arrow(blocks)
         ds = ds.map_batches(CpuStepsUDF, batch_size=1, batch_format="pyarrow",
                             fn_constructor_kwargs={"spec_json": spec.model_dump_json(),
                                                    "fingerprint": pipeline.fingerprint,
                                                    "timeline": str(timeline)},
                             compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1)
-        ds = ds.map_batches(EmbedUDF, batch_size=spec.runtime.batch_size, batch_format="pyarrow",
-                            fn_constructor_kwargs={"spec_json": spec.model_dump_json(),
-                                                   "fingerprint": pipeline.fingerprint,
-                                                   "partitions_json": parts_json,
-                                                   "timeline": str(timeline)},
-                            compute=ray.data.ActorPoolStrategy(size=1), num_cpus=te.num_cpus)
+        last_stage = "embed" if enabled_sections(spec) else "cpu"
+        if last_stage == "embed":  # --no-model: the CPU stage's tables are the output
+            ds = ds.map_batches(EmbedUDF, batch_size=spec.runtime.batch_size,
+                                batch_format="pyarrow",
+                                fn_constructor_kwargs={"spec_json": spec.model_dump_json(),
+                                                       "fingerprint": pipeline.fingerprint,
+                                                       "partitions_json": parts_json,
+                                                       "timeline": str(timeline)},
+                                compute=ray.data.ActorPoolStrategy(size=1), num_cpus=te.num_cpus)
         ds.write_parquet(str(fs.normalize(spec.sink.uri)), compression="zstd")
         job_s = time.time() - t0
         calls = [json.loads(line) for line in timeline.read_text().splitlines()]
         first = min(c[1] for c in calls if c[0] == "cpu")
-        last = max(c[2] for c in calls if c[0] == "embed")
+        last = max(c[2] for c in calls if c[0] == last_stage)
         busy = {k: round(sum(c[2] - c[1] for c in calls if c[0] == k), 2) for k in ("cpu", "embed")}
     finally:
         t = time.time()
@@ -758,7 +782,7 @@ def run_variant(args) -> int:
     sampler.start()
     manifest = Path(args.manifest)
     out_dir = Path(args.output)
-    spec = make_spec(manifest, out_dir, args.partition_size)
+    spec = make_spec(manifest, out_dir, args.partition_size, model=not args.no_model)
     try:
         if args.variant == "a":
             res = variant_a(spec, args.cores)
@@ -787,16 +811,18 @@ def read_output(kind: str, out_dir: Path) -> tuple[dict[str, dict[str, Any]], An
         from pipeline.read import committed_files, read_committed
 
         schema = pq.read_schema(committed_files(str(out_dir))[0])
+        columns = [c for c in columns if c in schema.names]  # --no-model: no embedding
         table = read_committed(str(out_dir), columns=columns)
     else:
         files = sorted(str(p) for p in out_dir.rglob("*.parquet"))
         schema = pq.read_schema(files[0])
+        columns = [c for c in columns if c in schema.names]
         table = pq.ParquetDataset(files).read(columns=columns)
     rows: dict[str, dict[str, Any]] = {}
     for r in table.to_pylist():
         if r["key"] in rows:
             raise RuntimeError(f"{kind}: key {r['key']} written twice")
-        emb = r["text_embedding"]
+        emb = r.get("text_embedding")
         rows[r["key"]] = {"status": r["status"], "reason": r["reject_reason"],
                           "image": hashlib.sha256(r["image"]).hexdigest() if r["image"] else None,
                           "emb": np.asarray(emb, dtype=np.float32) if emb is not None else None}
@@ -995,6 +1021,8 @@ def _run_child(args, v: str, manifest: Path, workdir: Path, tag: str,
            str(manifest), "--result", str(result), "--workdir", str(workdir), "--tag", tag,
            "--cores", str(args.cores), "--partition-size", str(args.partition_size),
            "--output", str(workdir / "runs" / f"{tag}-{v}-r{attempt}")]
+    if args.no_model:
+        cmd.append("--no-model")
     log.info("variant %s (%s): starting %s", v, VARIANTS[v], " ".join(cmd[1:4]))
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     # the ``pipeline`` next to this script is the one measured, in Ray workers too
@@ -1019,6 +1047,7 @@ def orchestrate(args) -> int:
     copies = args.copies or max(1, round(DEFAULT_TARGET_IMAGES / 57))
     manifest, dataset = build_dataset(workdir, copies, args.seed, args.cores)
     tag = f"c{copies}-s{args.seed}-p{args.partition_size}"
+    tag += "-nomodel" if args.no_model else ""
     (workdir / "results").mkdir(exist_ok=True)
     results: dict[str, dict] = {}
     for v in args.variants.split(","):
@@ -1072,7 +1101,7 @@ def render(summary: dict[str, Any]) -> str:
           f"{dataset['copies']} copies, {dataset['megapixels_min']}-"
           f"{dataset['megapixels_max']} MP, mean {dataset['megapixels_mean']} MP, "
           f"{dataset['total_mib']} MiB JPEG), partition_size {args['partition_size']}, "
-          f"--cores {args['cores']}",
+          f"--cores {args['cores']}" + (", no model (--no-model)" if args.get("no_model") else ""),
           "", f"{summary['date']}; `{summary['command']}`; {_code_line(summary['code'])}", "",
           summary_markdown(results, summary["counts"], base), "",
           "Check: " + ("OK, outputs agree" if summary["check_ok"] else "FAILED"), ""]
@@ -1092,6 +1121,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="a,b,c", help="comma-separated subset of a,b,c")
     p.add_argument("--partition-size", type=int, default=100, help="source.partition_size")
     p.add_argument("--seed", type=int, default=0, help="data set seed")
+    p.add_argument("--no-model", action="store_true",
+                   help="text_embedding.enabled=false: the CPU steps only (the plain loop "
+                   "then imports no torch; Ray Data has no embed stage)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds per variant")
     p.add_argument("--quiet-wait", type=float, default=600,
                    help="before each variant wait up to this many seconds for other processes "
