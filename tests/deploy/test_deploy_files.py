@@ -1,5 +1,6 @@
-"""deploy/: the example job specs are valid JobSpecs, and the Grafana dashboard asks only
-for metrics (and labels) that pipeline/runtime/metrics.py exports, and shows all of them."""
+"""deploy/: the example job specs are valid JobSpecs; the chart's Grafana dashboard and alert
+rules (helm/mmpipe/files/) ask only for metrics (and labels) that pipeline/runtime/metrics.py
+exports, the dashboard shows all of them, and counters are read through rate()/increase()."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pipeline.spec import load_spec
 from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"
+CHART_FILES = REPO / "helm" / "mmpipe" / "files"
+DASHBOARD = CHART_FILES / "mmpipe-dashboard.json"
 SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 
 
@@ -37,7 +40,7 @@ def exported(name: str) -> str:
     return base
 
 
-# labels Prometheus adds to every scraped series (deploy/prometheus/podmonitor.yaml)
+# labels Prometheus adds to every scraped series (the chart's PodMonitor)
 TARGET_LABELS = {"ray_io_cluster", "ray_io_node_type", "instance"}
 
 
@@ -58,7 +61,7 @@ def check_expr(expr: str, ray_metrics: bool = False) -> set[str]:
 
 
 def test_grafana_dashboard_queries_exported_metrics_and_labels():
-    dash = json.loads((DEPLOY / "grafana" / "mmpipe-dashboard.json").read_text())
+    dash = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     shown = set()
     for expr in exprs:
@@ -69,7 +72,7 @@ def test_grafana_dashboard_queries_exported_metrics_and_labels():
 
 
 def test_every_dashboard_query_filters_by_cluster_and_job():
-    dash = json.loads((DEPLOY / "grafana" / "mmpipe-dashboard.json").read_text())
+    dash = json.loads(DASHBOARD.read_text())
     for panel in dash["panels"]:
         for target in panel.get("targets", []):
             for selector in re.findall(r"\bray_mmpipe_\w+(\{[^}]*\})?", target["expr"]):
@@ -78,9 +81,8 @@ def test_every_dashboard_query_filters_by_cluster_and_job():
 
 
 def test_alert_rules_cover_failures_stalls_and_idle_gpus():
-    rule = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yaml").read_text())
-    assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
-    rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    rules = {r["alert"]: r for g in yaml.safe_load((CHART_FILES / "mmpipe-rules.yaml")
+                                                  .read_text())["groups"] for r in g["rules"]}
     assert {"MmpipePartitionsFailed", "MmpipeProgressStalled", "MmpipeModelActorsIdle",
             "MmpipeGpusIdle"} <= set(rules)
     for name, r in rules.items():
@@ -89,7 +91,27 @@ def test_alert_rules_cover_failures_stalls_and_idle_gpus():
         assert r["annotations"]["summary"], name
     assert "partitions_failed_total" in rules["MmpipePartitionsFailed"]["expr"]
     assert "partitions_committed_total" in rules["MmpipeProgressStalled"]["expr"]
-    monitor = yaml.safe_load((DEPLOY / "prometheus" / "podmonitor.yaml").read_text())
-    relabelled = {r["targetLabel"] for e in monitor["spec"]["podMetricsEndpoints"]
-                  for r in e.get("relabelings", [])}
-    assert "ray_io_cluster" in relabelled               # what the rules group by
+
+
+COUNTER_READ = re.compile(
+    r"\b(?:rate|increase)\((ray_mmpipe_\w+)(\{[^}]*\})?\[[^\]]+\]\)"        # rate(x[5m])
+    r"|\((ray_mmpipe_\w+)(\{[^}]*\})? unless \3(\{[^}]*\})? offset [$\w]+\)")  # new series
+
+
+def test_dashboard_reads_counters_through_rate_and_sums_by_job():
+    """Counters are per process (a worker's restart resets its series; a new series starts at
+    its first increment): the dashboard reads them through rate()/increase() (and counts a
+    series new in the range by its value), never as raw sums; every aggregation says what it
+    keeps, and the stat panels keep cluster and job."""
+    dash = json.loads(DASHBOARD.read_text())
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            rest = COUNTER_READ.sub("", expr)
+            raw = [n for n in re.findall(r"\bray_mmpipe_\w+", rest)
+                   if n.endswith(("_total", "_bucket", "_sum", "_count"))]
+            assert raw == [], (panel["title"], expr)
+            assert not re.search(r"\b(sum|avg|max|min|count)\s*\(", expr), (panel["title"], expr)
+            if panel["type"] == "stat":
+                assert re.match(r"sum by \(ray_io_cluster, job_name\) \(", expr), panel["title"]
+                assert "{{job_name}}" in target["legendFormat"], panel["title"]

@@ -26,7 +26,7 @@ VALUES = {"default": None, **{p.stem: p for p in sorted((CHART / "ci").glob("*.y
 
 @pytest.fixture(scope="session")
 def helm_bin(pytestconfig):
-    binary = chart_check.helm_binary(pytestconfig.cache.mkdir("mmpipe-tools"))
+    binary = chart_check.helm_binary(chart_check.tools_dir(pytestconfig))
     assert "v4." in chart_check.helm(binary, "version", "--short").stdout
     return binary
 
@@ -63,14 +63,14 @@ def container(group: dict) -> dict:
 
 def test_default_values_render_a_raycluster_for_submitted_jobs(helm_bin):
     objects = by_kind(render(helm_bin))
-    assert sorted(objects) == ["ConfigMap", "PodDisruptionBudget", "RayCluster", "Service",
-                               "ServiceAccount"]
+    assert sorted(objects) == ["ConfigMap", "NetworkPolicy", "RayCluster", "Service",
+                               "ServiceAccount"]                         # no PDB by default
     (cluster,) = objects["RayCluster"]
     spec = cluster["spec"]
     assert spec["rayVersion"] == pinned_ray_version() == ray.__version__
     assert spec["enableInTreeAutoscaling"] is True
     assert spec["autoscalerOptions"]["version"] == "v2"
-    assert spec["upgradeStrategy"] == {"type": "None"}
+    assert spec["upgradeStrategy"] == {"type": "Recreate"}    # old and new images never mix
     assert spec["authOptions"] == {"mode": "token"}
     head, groups = head_and_groups(spec)
     assert head["rayStartParams"]["num-cpus"] == "0"          # no work on the head
@@ -165,11 +165,13 @@ OVERRIDES = {
     "rayjob": ["rayJob.enabled=true"],
     "rayjob-only": ["rayJob.enabled=true", "rayCluster.enabled=false"],
     "rayjob-keep-cluster": ["rayJob.enabled=true", "rayJob.shutdownAfterJobFinishes=false"],
-    "rayjob-kueue": ["rayJob.enabled=true", "rayJob.suspend=true"],
+    "rayjob-kueue": ["rayJob.enabled=true", "rayJob.suspend=true",
+                     "head.enableInTreeAutoscaling=false"],
+    "rayjob-kueue-queue": ["rayJob.enabled=true", "rayJob.queueName=team-a",
+                           "head.enableInTreeAutoscaling=false"],
     "rayjob-existing-cluster": ["rayJob.enabled=true", "rayJob.backoffLimit=0",
                                 "rayJob.clusterSelector.ray\\.io/cluster=mmpipe"],
     "rayjob-http-mode": ["rayJob.enabled=true", "rayJob.submissionMode=HTTPMode"],
-    "rayjob-sidecar-mode": ["rayJob.enabled=true", "rayJob.submissionMode=SidecarMode"],
     "rayjob-interactive": ["rayJob.enabled=true", "rayJob.submissionMode=InteractiveMode",
                            "rayJob.backoffLimit=0"],
     "rayjob-deadlines": ["rayJob.enabled=true", "rayJob.preRunningDeadlineSeconds=600",
@@ -189,7 +191,9 @@ OVERRIDES = {
     "existing-service-accounts": ["serviceAccount.create=false", "serviceAccount.name=w",
                                   "serviceAccount.headName=h"],
     "ingress-networkpolicy": ["ingress.enabled=true", "ingress.host=ray.example.com",
-                              "networkPolicy.enabled=true"],
+                              "networkPolicy.enabled=true",
+                              ("networkPolicy.ingressFrom[0].namespaceSelector.matchLabels"
+                               ".kubernetes\\.io/metadata\\.name=ingress-nginx")],
     "auth-disabled": ["auth.mode=disabled"],
     "object-store-given": ["worker.rayStartParams.object-store-memory=1000000000"],
 }
@@ -215,14 +219,16 @@ REJECTED = {
     "selector-with-retries": (["rayJob.enabled=true", "rayJob.clusterSelector.ray\\.io/cluster=x"],
                               "needs rayJob.backoffLimit=0"),
     "deletion-rule-without-status": (["rayJob.enabled=true", "rayJob.shutdownAfterJobFinishes=false",
-                                      "rayJob.deletionStrategy.deletionRules[0].policy=DeleteCluster"],
+                                      "rayJob.deletionStrategy.deletionRules[0].policy=DeleteCluster",
+                                      "rayJob.deletionStrategy.deletionRules[0].condition.ttlSeconds=9"],
                                      "needs exactly one of jobStatus and jobDeploymentStatus"),
     "delete-workers-autoscaling": (["rayJob.enabled=true", "rayJob.shutdownAfterJobFinishes=false",
                                     "rayJob.deletionStrategy.deletionRules[0].policy=DeleteWorkers",
                                     "rayJob.deletionStrategy.deletionRules[0].condition.jobStatus=FAILED"],
                                    "DeleteWorkers is not supported with autoscaling"),
     "deletion-rules-with-shutdown": (["rayJob.enabled=true",
-                                      "rayJob.deletionStrategy.deletionRules[0].policy=DeleteCluster"],
+                                      "rayJob.deletionStrategy.deletionRules[0].policy=DeleteCluster",
+                                      "rayJob.deletionStrategy.deletionRules[0].condition.jobStatus=FAILED"],
                                      "needs rayJob.shutdownAfterJobFinishes=false"),
     "bad-runtime-env": (["rayJob.enabled=true", "rayJob.runtimeEnvYAML=a: [b"],
                         "rayJob.runtimeEnvYAML is not valid YAML"),
@@ -355,7 +361,7 @@ def test_entrypoint_arguments_are_shell_quoted(helm_bin):
 
 def test_rayjob_fields_render(helm_bin):
     sets = (OVERRIDES["rayjob-deadlines"] + ["rayJob.suspend=true",
-            "rayJob.runtimeEnvYAML=env_vars: {A: b}"])
+            "head.enableInTreeAutoscaling=false", "rayJob.runtimeEnvYAML=env_vars: {A: b}"])
     (job,) = by_kind(render(helm_bin, None, *sets))["RayJob"]
     spec = job["spec"]
     assert (spec["preRunningDeadlineSeconds"], spec["activeDeadlineSeconds"],
@@ -371,7 +377,7 @@ def test_rayjob_fields_render(helm_bin):
 
 
 def test_storage_volumes_and_head_disruption_budget(helm_bin):
-    objects = by_kind(render(helm_bin, VALUES["gpu-values"]))
+    objects = by_kind(render(helm_bin, VALUES["gpu-values"], "headDisruptionBudget.enabled=true"))
     (cluster,) = objects["RayCluster"]
     head, groups = head_and_groups(cluster["spec"])
     for group in [head, *groups.values()]:
@@ -405,7 +411,7 @@ def test_ingress_and_networkpolicy(helm_bin):
     backend = rule["http"]["paths"][0]["backend"]["service"]
     assert backend == {"name": objects["Service"][0]["metadata"]["name"],
                        "port": {"name": "dashboard"}}
-    (policy,) = objects["NetworkPolicy"]
+    policy, _ = objects["NetworkPolicy"]
     ports = [[p["port"] for p in r.get("ports", [])] for r in policy["spec"]["ingress"]]
     assert ports == [[], [8265], [8080]]
     assert all(r["from"] for r in policy["spec"]["ingress"])    # no rule open to everyone
@@ -455,11 +461,12 @@ def test_values_schema_documents_every_value():
 
 
 def test_podmonitor_selects_the_charts_ray_pods_by_their_metrics_port(helm_bin):
-    monitor = yaml.safe_load((REPO / "deploy" / "prometheus" / "podmonitor.yaml").read_text())
-    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    objects = by_kind(render(helm_bin, VALUES["gpu-values"], "monitoring.podMonitor.enabled=true"))
+    (monitor,) = objects["PodMonitor"]                      # the chart's (monitoring.podMonitor)
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     selector = monitor["spec"]["selector"]["matchLabels"]
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    (cluster,) = by_kind(render(helm_bin, VALUES["gpu-values"]))["RayCluster"]
+    (cluster,) = objects["RayCluster"]
     head, groups = head_and_groups(cluster["spec"])
     for group in [head, *groups.values()]:
         assert group["template"]["metadata"]["labels"].items() >= selector.items()

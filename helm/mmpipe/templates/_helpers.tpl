@@ -3,15 +3,18 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The RayCluster's name, and the stem of every other name: at most 53 characters, KubeRay's
+limit for a RayCluster (MaxRayClusterNameLength; "<fullname>-dashboard" stays within a
+Service's 63). */}}
 {{- define "mmpipe.fullname" -}}
 {{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- .Values.fullnameOverride | trunc 53 | trimSuffix "-" -}}
 {{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
 {{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- .Release.Name | trunc 53 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 53 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -79,10 +82,30 @@ none (the namespace default). */}}
 {{- if or .Values.jobSpec.existingConfigMap .Values.jobSpec.spec -}}true{{- end -}}
 {{- end -}}
 
-{{/* The group's image: its image values merged over the top-level image. */}}
+{{/* The group's image: its image values merged over the top-level image, as
+repository:tag@digest (repository@digest with no tag, repository:tag with no digest). A group
+that overrides repository or tag takes no digest but its own. */}}
 {{- define "mmpipe.image" -}}
-{{- $image := mergeOverwrite (deepCopy .root.Values.image) (.group.image | default dict) -}}
-image: {{ printf "%s:%s" $image.repository (toString $image.tag) | quote }}
+{{- $group := .group.image | default dict -}}
+{{- $image := mergeOverwrite (deepCopy .root.Values.image) (deepCopy $group) -}}
+{{- if and (or (hasKey $group "repository") (hasKey $group "tag")) (not (hasKey $group "digest")) -}}
+{{- $_ := set $image "digest" "" -}}
+{{- end -}}
+{{- $tag := toString ($image.tag | default "") -}}
+{{- $digest := $image.digest | default "" -}}
+{{- if and $digest (not (regexMatch "^sha256:[a-f0-9]{64}$" $digest)) -}}
+{{- fail (printf "image digest %q is not sha256:<64 lowercase hex> (the image's manifest digest)" $digest) -}}
+{{- end -}}
+{{- if and $digest (contains "@" $tag) -}}
+{{- fail (printf "image tag %q already holds a digest and digest %q is set too: keep one" $tag $digest) -}}
+{{- end -}}
+{{- if and (not $tag) (not $digest) -}}
+{{- fail (printf "image %s has neither a tag nor a digest" $image.repository) -}}
+{{- end -}}
+{{- $ref := $image.repository -}}
+{{- if $tag }}{{ $ref = printf "%s:%s" $ref $tag }}{{ end -}}
+{{- if $digest }}{{ $ref = printf "%s@%s" $ref $digest }}{{ end -}}
+image: {{ $ref | quote }}
 imagePullPolicy: {{ $image.pullPolicy | default "IfNotPresent" }}
 {{- end -}}
 
@@ -111,7 +134,10 @@ group's own containerEnv.
   value: {{ . | quote }}
 {{- end }}
 {{- with $v.s3.credentialsSecret }}
-{{- if .name }}
+{{- if and .name (eq (.mode | default "file") "file") }}
+- name: AWS_SHARED_CREDENTIALS_FILE
+  value: {{ include "mmpipe.awsCredentialsFile" $.root | quote }}
+{{- else if .name }}
 - name: AWS_ACCESS_KEY_ID
   valueFrom:
     secretKeyRef: {name: {{ .name | quote }}, key: {{ .accessKeyIdKey | quote }}}
@@ -125,6 +151,8 @@ group's own containerEnv.
 {{- end }}
 {{- end }}
 {{- end }}
+- name: RAY_TMPDIR
+  value: /tmp
 - name: TMPDIR
   value: /scratch
 - name: HF_HOME
@@ -141,6 +169,12 @@ group's own containerEnv.
   mountPath: /tmp/ray
 - name: scratch
   mountPath: /scratch
+{{ include "mmpipe.writableMounts" . }}
+{{- if include "mmpipe.awsCredentialsMounted" .root }}
+- name: aws-credentials
+  mountPath: {{ include "mmpipe.awsCredentialsFile" .root | dir }}
+  readOnly: true
+{{- end }}
 {{- if include "mmpipe.hasJobSpec" .root }}
 - name: jobspec
   mountPath: {{ .root.Values.jobSpec.mountPath }}
@@ -158,14 +192,47 @@ to the head mounts the same volume (it shares Ray's session logs). */}}
   emptyDir: {sizeLimit: {{ .group.storage.rayTmp | quote }}}
 - name: scratch
   emptyDir: {sizeLimit: {{ .group.storage.scratch | quote }}}
+{{- if include "mmpipe.awsCredentialsMounted" .root }}
+- name: aws-credentials
+  secret:
+    secretName: {{ .root.Values.s3.credentialsSecret.name | quote }}
+    items:
+      - {key: {{ .root.Values.s3.credentialsSecret.credentialsFileKey | quote }}, path: credentials}
+{{- end }}
 {{- if include "mmpipe.hasJobSpec" .root }}
 - name: jobspec
   configMap:
     name: {{ include "mmpipe.jobSpecConfigMap" .root }}
 {{- end }}
+{{- if and .root.Values.logShipping.sidecar .root.Values.logShipping.config }}
+- name: log-shipping-config
+  configMap:
+    name: {{ include "mmpipe.logShippingConfigMap" .root }}
+{{- end }}
 {{- with .group.volumes }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/* Where a read-only root filesystem leaves Ray and mmpipe room to write (besides /tmp/ray
+and /scratch): /tmp (sockets and files of tools that ignore TMPDIR), ~/.ray (Ray's CLI
+state, auth_token), ~/.cache (model caches, pip/uv of a runtime_env), ~/.config; each a
+sub-directory of the scratch emptyDir (its sizeLimit covers them). */}}
+{{- define "mmpipe.writableMounts" -}}
+- {name: scratch, mountPath: /tmp, subPath: tmp}
+- {name: scratch, mountPath: /home/ray/.ray, subPath: home/.ray}
+- {name: scratch, mountPath: /home/ray/.cache, subPath: home/.cache}
+- {name: scratch, mountPath: /home/ray/.config, subPath: home/.config}
+{{- end -}}
+
+{{/* s3.credentialsSecret in mode file: the shared credentials file's path, and whether
+it is mounted. */}}
+{{- define "mmpipe.awsCredentialsFile" -}}
+/var/run/secrets/mmpipe/aws/credentials
+{{- end -}}
+
+{{- define "mmpipe.awsCredentialsMounted" -}}
+{{- with .Values.s3.credentialsSecret }}{{ if and .name (eq (.mode | default "file") "file") }}true{{ end }}{{ end -}}
 {{- end -}}
 
 {{/* rayStartParams: every value a string, as the CRD requires. */}}

@@ -12,8 +12,12 @@ upgradeStrategy:
 {{- end }}
 enableInTreeAutoscaling: {{ $v.head.enableInTreeAutoscaling }}
 {{- with $v.head.autoscalerOptions }}
+{{- /* the autoscaler (the head's image, KubeRay's container) gets the writable paths of a
+read-only root filesystem too, from the head's scratch emptyDir */}}
+{{- $opts := deepCopy . }}
+{{- $_ := set $opts "volumeMounts" (concat (include "mmpipe.writableMounts" (dict "root" $root) | fromYamlArray) (.volumeMounts | default list)) }}
 autoscalerOptions:
-  {{- toYaml . | nindent 2 }}
+  {{- toYaml $opts | nindent 2 }}
 {{- end }}
 authOptions:
   mode: {{ $v.auth.mode }}
@@ -43,23 +47,36 @@ workerGroupSpecs:
 {{- if not $groups }} []{{ end }}
 {{- range $name, $group := $groups }}
   - groupName: {{ $name }}
+    {{- if not $v.head.enableInTreeAutoscaling }}
+    {{- /* with the autoscaler the field is its own (KubeRay made it optional for this,
+    kuberay#1443): rendering it would make `helm upgrade` reset or conflict with the scaled
+    count; the group starts at minReplicas */}}
     replicas: {{ $group.replicas }}
+    {{- end }}
     minReplicas: {{ $group.minReplicas }}
     maxReplicas: {{ $group.maxReplicas }}
     {{- with $group.idleTimeoutSeconds }}
     idleTimeoutSeconds: {{ . }}
     {{- end }}
-    {{- if $group.rayResources }}
-    {{- if hasKey ($group.rayStartParams | default dict) "resources" }}
-    {{- fail (printf "worker group %s: set rayResources or rayStartParams.resources, not both (KubeRay rejects both)" $name) }}
+    {{- $params := deepCopy ($group.rayStartParams | default dict) }}
+    {{- $rayResources := deepCopy ($group.rayResources | default dict) }}
+    {{- if $rayResources }}
+    {{- /* KubeRay rejects rayStartParams num-cpus / num-gpus / memory next to `resources`
+    (mmpipe.validate refuses a clash): they go into `resources` as CPU / GPU / memory, which
+    KubeRay turns back into the same `ray start` options */}}
+    {{- range $param, $key := dict "num-cpus" "CPU" "num-gpus" "GPU" "memory" "memory" }}
+    {{- if and (hasKey $params $param) (ne (toString (index $params $param)) "") }}
+    {{- $_ := set $rayResources $key (index $params $param) }}
+    {{- $_ := unset $params $param }}
+    {{- end }}
     {{- end }}
     resources:
-      {{- range $k, $val := $group.rayResources }}
+      {{- range $k, $val := $rayResources }}
       {{ $k }}: {{ $val | toString | quote }}
       {{- end }}
     {{- end }}
     rayStartParams:
-      {{- include "mmpipe.rayStartParams" $group.rayStartParams | trim | nindent 6 }}
+      {{- include "mmpipe.rayStartParams" $params | trim | nindent 6 }}
     template:
       {{- include "mmpipe.podTemplate" (dict "root" $root "group" $group "role" $.role "component" (printf "ray-worker-%s" $name) "container" "ray-worker" "serviceAccount" (include "mmpipe.serviceAccountName" $root) "automountToken" $v.serviceAccount.automountWorkerToken) | nindent 6 }}
 {{- end }}
@@ -135,6 +152,9 @@ spec:
     {{- with $g.sidecarContainers }}
     {{- include "mmpipe.extraContainers" (dict "root" $root "containers" .) | nindent 4 }}
     {{- end }}
+    {{- with (include "mmpipe.logSidecar" $root | trim) }}
+    {{- . | nindent 4 }}
+    {{- end }}
   {{- with (include "mmpipe.volumes" (dict "root" $root "group" $g) | trim) }}
   volumes:
     {{- . | nindent 4 }}
@@ -153,8 +173,33 @@ spec:
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with $g.affinity }}
+  {{- with (include "mmpipe.affinity" (dict "root" $root "group" $g) | fromYaml) }}
   affinity:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end -}}
+
+{{/*
+A group's affinity; a group that requests nvidia.com/gpu also gets the driver floor
+(gpuDriver) as a required node affinity term, ANDed into each of its own required terms.
+*/}}
+{{- define "mmpipe.affinity" -}}
+{{- $g := .group -}}
+{{- $affinity := deepCopy ($g.affinity | default dict) -}}
+{{- $drv := .root.Values.gpuDriver | default dict -}}
+{{- $res := $g.resources | default dict -}}
+{{- $gpu := gt (max (int (index ($res.limits | default dict) "nvidia.com/gpu" | default 0)) (int (index ($res.requests | default dict) "nvidia.com/gpu" | default 0))) 0 -}}
+{{- if and $gpu $drv.nodeAffinity -}}
+{{- $expr := dict "key" $drv.label "operator" "Gt" "values" (list (toString (sub (int $drv.minMajor) 1))) -}}
+{{- $node := $affinity.nodeAffinity | default dict -}}
+{{- $required := $node.requiredDuringSchedulingIgnoredDuringExecution | default dict -}}
+{{- $terms := list -}}
+{{- range ($required.nodeSelectorTerms | default (list dict)) -}}
+{{- $terms = append $terms (set (deepCopy .) "matchExpressions" (append (.matchExpressions | default list) $expr)) -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $terms -}}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ := set $affinity "nodeAffinity" $node -}}
+{{- end -}}
+{{- with $affinity }}{{ toYaml . }}{{ end -}}
 {{- end -}}

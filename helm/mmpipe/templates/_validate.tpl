@@ -18,7 +18,8 @@ tests/deploy/chart_check.py (operator_errors) checks the same rules on what is r
 {{- if gt (int $g.minReplicas) (int $g.maxReplicas) -}}
 {{- fail (printf "worker group %s: minReplicas (%v) is greater than maxReplicas (%v)" $gname $g.minReplicas $g.maxReplicas) -}}
 {{- end -}}
-{{- if or (lt (int $g.replicas) (int $g.minReplicas)) (gt (int $g.replicas) (int $g.maxReplicas)) -}}
+{{- /* replicas is rendered (and used) only without the autoscaler */ -}}
+{{- if and (not $v.head.enableInTreeAutoscaling) (or (lt (int $g.replicas) (int $g.minReplicas)) (gt (int $g.replicas) (int $g.maxReplicas))) -}}
 {{- fail (printf "worker group %s: replicas (%v) must be between minReplicas (%v) and maxReplicas (%v)" $gname $g.replicas $g.minReplicas $g.maxReplicas) -}}
 {{- end -}}
 {{- if and $g.idleTimeoutSeconds (not $v2) -}}
@@ -26,6 +27,63 @@ tests/deploy/chart_check.py (operator_errors) checks the same rules on what is r
 {{- end -}}
 {{- if hasKey ($g.rayStartParams | default dict) "labels" -}}
 {{- fail (printf "worker group %s: rayStartParams.labels is not supported by KubeRay; use the group's labels" $gname) -}}
+{{- end -}}
+{{- end -}}
+{{- /* the values path of each rendered group, for the messages */ -}}
+{{- $paths := dict -}}
+{{- if not $v.worker.disabled }}{{ $_ := set $paths $v.worker.groupName "worker" }}{{ end -}}
+{{- range $gname, $g := $v.additionalWorkerGroups -}}
+{{- if not $g.disabled -}}
+{{- if hasKey $paths $gname -}}
+{{- fail (printf "worker.groupName=%s is also the name of additionalWorkerGroups.%s, which is enabled: KubeRay needs unique group names (the chart would drop one group); rename worker.groupName or disable additionalWorkerGroups.%s" $gname $gname $gname) -}}
+{{- end -}}
+{{- $_ := set $paths $gname (printf "additionalWorkerGroups.%s" $gname) -}}
+{{- end -}}
+{{- end -}}
+{{- range $gname, $g := $groups -}}
+{{- $path := index $paths $gname -}}
+{{- $params := $g.rayStartParams | default dict -}}
+{{- if $g.rayResources -}}
+{{- if hasKey $params "resources" -}}
+{{- fail (printf "%s: set rayResources or rayStartParams.resources, not both (KubeRay rejects both)" $path) -}}
+{{- end -}}
+{{- range $param, $match := dict "num-cpus" "^cpu$" "num-gpus" "gpu$" "memory" "^memory$" -}}
+{{- if hasKey $params $param -}}
+{{- range $k, $_ := $g.rayResources -}}
+{{- if regexMatch $match (lower $k) -}}
+{{- fail (printf "%s: rayStartParams.%s and rayResources.%s say the same thing twice; set one (the chart renders rayStartParams.%s as rayResources.%s)" $path $param $k $param (index (dict "num-cpus" "CPU" "num-gpus" "GPU" "memory" "memory") $param)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range ($v.head.autoscalerOptions.env | default list) -}}
+{{- if eq (toString .name) "KUBERAY_GEN_AUTOSCALER_START_CMD" -}}
+{{- fail "head.autoscalerOptions.env must not set KUBERAY_GEN_AUTOSCALER_START_CMD: KubeRay injects it into the autoscaler container and rejects a cluster that sets it" -}}
+{{- end -}}
+{{- end -}}
+{{- /* an unauthenticated Ray job API (it runs any code it is sent) on an address outside the cluster */ -}}
+{{- if eq $v.auth.mode "disabled" -}}
+{{- if $v.ingress.enabled -}}
+{{- fail "auth.mode=disabled with ingress.enabled=true: the Ingress would put an unauthenticated Ray job API on an external address; keep auth.mode=token (the default) or disable the Ingress" -}}
+{{- end -}}
+{{- if and $v.dashboardService.enabled (has $v.dashboardService.type (list "LoadBalancer" "NodePort")) -}}
+{{- fail (printf "auth.mode=disabled with dashboardService.type=%s: the Service would put an unauthenticated Ray job API on an external address; keep auth.mode=token (the default) or use dashboardService.type=ClusterIP" $v.dashboardService.type) -}}
+{{- end -}}
+{{- $headType := toString (dig "spec" "type" "" ($v.head.headService | default dict)) -}}
+{{- if has $headType (list "LoadBalancer" "NodePort") -}}
+{{- fail (printf "auth.mode=disabled with head.headService.spec.type=%s: every head port, the job API included, would be unauthenticated on an external address; keep auth.mode=token" $headType) -}}
+{{- end -}}
+{{- end -}}
+{{- with $v.networkPolicy -}}
+{{- if .enabled -}}
+{{- if and $v.ingress.enabled $v.dashboardService.enabled (not .ingressFrom) -}}
+{{- fail "ingress.enabled=true with networkPolicy.enabled=true needs networkPolicy.ingressFrom: the NetworkPolicy admits the dashboard only from listed peers, so it would block your Ingress controller; set it, e.g. networkPolicy.ingressFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=ingress-nginx" -}}
+{{- end -}}
+{{- if and $v.dashboardService.enabled (has $v.dashboardService.type (list "LoadBalancer" "NodePort")) (not .dashboardFrom) -}}
+{{- fail (printf "dashboardService.type=%s with networkPolicy.enabled=true needs networkPolicy.dashboardFrom (the addresses that may reach the job API, e.g. an ipBlock): the NetworkPolicy would block every client outside the cluster" $v.dashboardService.type) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- if hasKey ($v.head.rayStartParams | default dict) "labels" -}}
@@ -51,6 +109,27 @@ tests/deploy/chart_check.py (operator_errors) checks the same rules on what is r
 {{- if and $j.suspend (not $j.shutdownAfterJobFinishes) -}}
 {{- fail "rayJob.suspend=true needs rayJob.shutdownAfterJobFinishes=true (KubeRay does not suspend a RayJob that keeps its cluster)" -}}
 {{- end -}}
+{{- /* Kueue's RayJob webhook (pkg/controller/jobs/rayjob/rayjob_webhook.go) refuses a queued
+RayJob that autoscales, keeps its cluster, runs on an existing one, has more than 7 worker
+groups or one named "head" */ -}}
+{{- if and (or $j.queueName $j.suspend) $v.head.enableInTreeAutoscaling (not $j.clusterSelector) -}}
+{{- $why := ternary (printf "rayJob.queueName=%s (Kueue)" $j.queueName) "rayJob.suspend=true (the Kueue path)" (not (empty $j.queueName)) -}}
+{{- fail (printf "%s needs head.enableInTreeAutoscaling=false: Kueue refuses a RayJob whose cluster autoscales ('a kueue managed job should not use autoscaling'); without the autoscaler the job's cluster runs each worker group's replicas, which is what Kueue admits" $why) -}}
+{{- end -}}
+{{- if $j.queueName -}}
+{{- if not $j.shutdownAfterJobFinishes -}}
+{{- fail (printf "rayJob.queueName=%s (Kueue) needs rayJob.shutdownAfterJobFinishes=true: Kueue refuses a RayJob that keeps its cluster (it would hold the queue's quota)" $j.queueName) -}}
+{{- end -}}
+{{- if $j.clusterSelector -}}
+{{- fail (printf "rayJob.queueName=%s (Kueue) cannot be combined with rayJob.clusterSelector: Kueue refuses a RayJob on an existing cluster" $j.queueName) -}}
+{{- end -}}
+{{- if gt (len $groups) 7 -}}
+{{- fail (printf "rayJob.queueName=%s (Kueue): at most 7 worker groups (%d enabled)" $j.queueName (len $groups)) -}}
+{{- end -}}
+{{- if hasKey $groups "head" -}}
+{{- fail (printf "rayJob.queueName=%s (Kueue): no worker group may be named \"head\" (Kueue reserves it for the head)" $j.queueName) -}}
+{{- end -}}
+{{- end -}}
 {{- if $j.clusterSelector -}}
 {{- if $j.suspend }}{{ fail "rayJob.clusterSelector (an existing cluster) cannot be combined with rayJob.suspend" }}{{ end -}}
 {{- if eq $j.submissionMode "SidecarMode" }}{{ fail "rayJob.clusterSelector is not supported with submissionMode SidecarMode" }}{{ end -}}
@@ -59,6 +138,9 @@ tests/deploy/chart_check.py (operator_errors) checks the same rules on what is r
 {{- end -}}
 {{- if and (eq $j.submissionMode "InteractiveMode") (gt (int $j.backoffLimit) 0) -}}
 {{- fail "rayJob.backoffLimit must be 0 with submissionMode InteractiveMode (KubeRay rejects retries there)" -}}
+{{- end -}}
+{{- if eq $j.submissionMode "SidecarMode" -}}
+{{- fail "rayJob.submissionMode=SidecarMode: KubeRay (1.6, 1.7) adds the submitter container to the head pod with no securityContext and no field to give it one, so Pod Security \"restricted\" refuses the head pod and the cluster never starts; use K8sJobMode (the default: a restricted submitter pod) or HTTPMode (the operator submits, no submitter)" -}}
 {{- end -}}
 {{- if and (eq $j.submissionMode "SidecarMode") $j.submitter.podTemplate -}}
 {{- fail "rayJob.submitter.podTemplate is not supported with submissionMode SidecarMode" -}}
@@ -70,17 +152,55 @@ tests/deploy/chart_check.py (operator_errors) checks the same rules on what is r
 {{- if and .deletionRules (or .onSuccess .onFailure) -}}
 {{- fail "rayJob.deletionStrategy: deletionRules and onSuccess/onFailure cannot be used together" -}}
 {{- end -}}
+{{- $selector := not (empty $j.clusterSelector) -}}
+{{- $autoscaling := and (not $selector) $.Values.head.enableInTreeAutoscaling -}}
+{{- $seen := dict -}}
 {{- range $i, $rule := (.deletionRules | default list) -}}
 {{- $c := $rule.condition | default dict -}}
+{{- $policy := toString $rule.policy -}}
 {{- if eq (hasKey $c "jobStatus") (hasKey $c "jobDeploymentStatus") -}}
 {{- fail (printf "rayJob.deletionStrategy.deletionRules[%d].condition needs exactly one of jobStatus and jobDeploymentStatus" $i) -}}
 {{- end -}}
-{{- if and (eq (toString $rule.policy) "DeleteWorkers") $.Values.head.enableInTreeAutoscaling -}}
+{{- if and $selector (has $policy (list "DeleteCluster" "DeleteWorkers")) -}}
+{{- fail (printf "rayJob.deletionStrategy.deletionRules[%d]: %s is not supported with rayJob.clusterSelector (the cluster is not the RayJob's)" $i $policy) -}}
+{{- end -}}
+{{- if and (eq $policy "DeleteWorkers") $autoscaling -}}
 {{- fail (printf "rayJob.deletionStrategy.deletionRules[%d]: DeleteWorkers is not supported with autoscaling (head.enableInTreeAutoscaling)" $i) -}}
+{{- end -}}
+{{- $status := ternary (printf "jobStatus %v" $c.jobStatus) (printf "jobDeploymentStatus %v" $c.jobDeploymentStatus) (hasKey $c "jobStatus") -}}
+{{- $key := printf "%s/%s" $status $policy -}}
+{{- if hasKey $seen $key -}}
+{{- fail (printf "rayJob.deletionStrategy.deletionRules[%d]: a second %s rule for %s (KubeRay rejects duplicates)" $i $policy $status) -}}
+{{- end -}}
+{{- $_ := set $seen $key (int ($c.ttlSeconds | default 0)) -}}
+{{- end -}}
+{{- /* TTLs must not decrease along DeleteWorkers -> DeleteCluster -> DeleteSelf, per condition */ -}}
+{{- range $key, $ttl := $seen -}}
+{{- $status := index (splitList "/" $key) 0 -}}
+{{- $policy := index (splitList "/" $key) 1 -}}
+{{- $earlier := dict "DeleteCluster" (list "DeleteWorkers") "DeleteSelf" (list "DeleteWorkers" "DeleteCluster") -}}
+{{- range (index $earlier $policy | default list) -}}
+{{- $other := printf "%s/%s" $status . -}}
+{{- if and (hasKey $seen $other) (lt $ttl (index $seen $other)) -}}
+{{- fail (printf "rayJob.deletionStrategy.deletionRules: for %s the %s ttlSeconds (%d) must be at least the %s one (%d)" $status $policy $ttl . (index $seen $other)) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- if and (not .deletionRules) (not (and .onSuccess .onFailure)) -}}
 {{- fail "rayJob.deletionStrategy needs either deletionRules or both onSuccess and onFailure" -}}
+{{- end -}}
+{{- if and .onSuccess .onFailure -}}
+{{- range $when, $p := dict "onSuccess" (toString .onSuccess.policy) "onFailure" (toString .onFailure.policy) -}}
+{{- if and $selector (has $p (list "DeleteCluster" "DeleteWorkers")) -}}
+{{- fail (printf "rayJob.deletionStrategy.%s.policy=%s is not supported with rayJob.clusterSelector (the cluster is not the RayJob's)" $when $p) -}}
+{{- end -}}
+{{- if and (eq $p "DeleteWorkers") $autoscaling -}}
+{{- fail (printf "rayJob.deletionStrategy.%s.policy=DeleteWorkers is not supported with autoscaling (head.enableInTreeAutoscaling)" $when) -}}
+{{- end -}}
+{{- if and (eq $p "DeleteNone") $j.shutdownAfterJobFinishes -}}
+{{- fail (printf "rayJob.deletionStrategy.%s.policy=DeleteNone contradicts rayJob.shutdownAfterJobFinishes=true (KubeRay rejects it); set shutdownAfterJobFinishes=false" $when) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- with $j.runtimeEnvYAML -}}
