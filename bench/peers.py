@@ -92,6 +92,7 @@ SIZE_PX = 224     # output side, pixels
 QUALITY = 90      # JPEG quality of pillow_job and of the mmpipe spec
 VARIANTS = {
     "mmpipe": "mmpipe run",
+    "mmpipe-base": "mmpipe run of --baseline (before)",
     "pillow": "bare Pillow, 1 process per core",
     "raydata": "Ray Data + the Pillow code",
     "daft-udf": "Daft + the Pillow code as a UDF",
@@ -106,7 +107,7 @@ VARIANTS = {
 #: measured on 120 bench inputs, mean differences of 1.9-10.7 at full scale (aliasing of
 #: its resize) and 0.9-4.3 at 1/4 scale (56 x 56), where a crop taken at the left edge
 #: instead of the centre differs by 44 (median; 81 at most).
-PIXEL_TOLERANCE = {"mmpipe": 1.0, "pillow": 0.0, "raydata": 0.0, "daft-udf": 0.0,
+PIXEL_TOLERANCE = {"mmpipe": 1.0, "mmpipe-base": 1.0, "pillow": 0.0, "raydata": 0.0, "daft-udf": 0.0,
                    "daft-native": 8.0}
 PIXEL_REDUCE = {"daft-native": 4}
 SAME_CODE = ("pillow", "raydata", "daft-udf")
@@ -337,11 +338,16 @@ def measure(cmd: list[str], output: Path, log_path: Path, env: dict[str, str],
 
 def variant_cmd(v: str, manifest: Path, output: Path, workdir: Path, args) -> list[str]:
     """The command line of variant ``v``."""
-    if v == "mmpipe":
+    if v in ("mmpipe", "mmpipe-base"):
         spec = write_spec(workdir / "spec-peers.yaml", manifest, output)
-        return [sys.executable, "-m", "pipeline", "run", str(spec), "--input", str(manifest),
-                "--output", str(output), "--mode", "overwrite",
-                *shlex.split(args.mmpipe_args)]
+        run = ["run", str(spec), "--input", str(manifest), "--output", str(output),
+               "--mode", "overwrite", *shlex.split(args.mmpipe_args)]
+        if v == "mmpipe":
+            return [sys.executable, "-m", "pipeline", *run]
+        # the baseline checkout's pipeline package first on sys.path, as `-m` would
+        boot = (f"import runpy, sys; sys.path.insert(0, {str(Path(args.baseline).resolve())!r}); "
+                "runpy.run_module('pipeline', run_name='__main__', alter_sys=True)")
+        return [sys.executable, "-c", boot, *run]
     return [sys.executable, os.path.abspath(__file__), "--child", v, "--manifest",
             str(manifest), "--output", str(output), "--cores", str(args.cores)]
 
@@ -353,7 +359,7 @@ def read_images(v: str, output: Path) -> dict[str, bytes]:
     ``ok`` rows, ``pipeline.read``; the peers: every Parquet file under ``output``)."""
     import pyarrow.dataset as ds
 
-    if v == "mmpipe":
+    if v.startswith("mmpipe"):
         from pipeline.read import read_committed
 
         t = read_committed(str(output), columns=["key", "status", "image"]).to_pylist()
@@ -468,10 +474,12 @@ def tables(results: dict[int, dict[str, list[dict]]], cores: int) -> str:
         for n, by_v in results.items():
             rate = {v: n / m for v, runs in by_v.items()
                     if (m := _median([r for r in runs if r["rc"] == 0], "to_output_s"))}
-            if "mmpipe" not in rate:
-                continue
-            cells = [f"{rate['mmpipe'] / rate[v]:.2f}x" if v in rate else "-" for v in peers]
-            out.append(f"| {n:,} | {rate['mmpipe']:.1f} | " + " | ".join(cells) + " |")
+            for mine in ("mmpipe-base", "mmpipe"):
+                if mine not in rate:
+                    continue
+                cells = [f"{rate[mine] / rate[v]:.2f}x" if v in rate else "-" for v in peers]
+                label = " (before)" if mine == "mmpipe-base" else ""
+                out.append(f"| {n:,}{label} | {rate[mine]:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -482,6 +490,12 @@ def orchestrate(args) -> int:
     from throughput import wait_for_quiet
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if args.baseline and "mmpipe-base" not in variants:
+        variants.insert(0, "mmpipe-base")
+    if not args.baseline and "mmpipe-base" in variants:
+        if args.variants != ",".join(VARIANTS):
+            raise SystemExit("--variants: mmpipe-base needs --baseline PATH")
+        variants.remove("mmpipe-base")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         raise SystemExit(f"--variants: unknown {unknown or args.variants!r}; "
@@ -564,11 +578,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check-rows", type=int, default=8,
                    help="rows whose pixels are compared between variants")
     p.add_argument("--mmpipe-args", default="", help="extra `mmpipe run` arguments")
+    p.add_argument("--baseline", default=None,
+                   help="another checkout of mmpipe (e.g. `git worktree add /tmp/base REV`): "
+                   "adds the variant mmpipe-base, the same job run by that checkout's code")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--quiet-wait", type=float, default=0,
                    help="before each run wait up to this many seconds for other processes to "
                    "use < 0.3 cores (0: do not wait)")
-    p.add_argument("--child", choices=[v for v in VARIANTS if v != "mmpipe"],
+    p.add_argument("--child", choices=[v for v in VARIANTS if not v.startswith("mmpipe")],
                    help=argparse.SUPPRESS)
     p.add_argument("--manifest", help=argparse.SUPPRESS)
     p.add_argument("--output", help=argparse.SUPPRESS)

@@ -31,30 +31,46 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline import package_version
-from pipeline.columns import (ERROR, ERROR_REASON, KEY, PARTITION_ID, REJECT_REASON, SOURCE_URI,
-                              STATUS, COLUMNS, lookup, output_order)
-from pipeline.errors import AssemblyError
+from pipeline.columns import (
+    COLUMNS,
+    ERROR,
+    ERROR_REASON,
+    KEY,
+    PARTITION_ID,
+    REJECT_REASON,
+    SOURCE_URI,
+    STATUS,
+    lookup,
+    output_order,
+)
 from pipeline.dedup.index import IndexDatasink
+from pipeline.errors import AssemblyError
+from pipeline.input import make_datasource
+from pipeline.input.base import Datasource
 from pipeline.output.sinks.base import Datasink
 from pipeline.output.sinks.parquet import ParquetDatasink
 from pipeline.output.sinks.quarantine import QuarantineDatasink
-from pipeline.input.base import Datasource
-from pipeline.input import make_datasource
 from pipeline.output.sinks.webdataset import WebDatasetDatasink
 from pipeline.records import Partition
 from pipeline.spec import MODEL_SECTIONS, JobSpec
-from pipeline.storage import fs
-from pipeline.steps.base import RowStep, Step
 from pipeline.steps import caption_signals
+from pipeline.steps.base import RowStep, Step
 from pipeline.steps.caption import CaptionStep
 from pipeline.steps.dedup import DedupStep
-from pipeline.steps.image import DecodeStep, FilterStep, HashStep, ResizeStep
+from pipeline.steps.image import (
+    DecodeStep,
+    FilterStep,
+    HashStep,
+    ResizeStep,
+    needed_hashes,
+)
 from pipeline.steps.image_signals import image_signals_step
 from pipeline.steps.model import ModelStages, ModelStep
 from pipeline.steps.model_input import ModelInputStep, ScoreFilterStep
 from pipeline.steps.ocr import ocr_step
 from pipeline.steps.signal_filter import SignalFilters
 from pipeline.steps.video import VideoDecodeStep, VideoFramesStep
+from pipeline.storage import fs
 
 #: Columns the runner sets on every batch it reads (identity and outcome).
 RUNNER_WRITES = (KEY, PARTITION_ID, SOURCE_URI, STATUS, REJECT_REASON, ERROR_REASON, ERROR)
@@ -142,6 +158,11 @@ class Pipeline:
             lines += [f"  {p.name}", f"    reads {', '.join(p.reads) or '-'}",
                       f"    writes {', '.join(p.writes) or '-'}",
                       f"    settings {show(p.settings())}"]
+            lines += [f"    {c} needed by {why}" for c, why in getattr(p, "reasons", {}).items()]
+        if self.spec.source.media == "image" and not any(isinstance(p, HashStep)
+                                                         for p in self.steps):
+            lines.append("  (no hash step: no dedup, dedup index, signal filter or "
+                         "sink.hash_columns needs sha256 or phash)")
         for n, (stage, filters) in enumerate(zip(self.models.stages, self.models.filters)):
             lines.append(f"model stage {n}")
             for p in stage + filters:
@@ -194,8 +215,10 @@ def _cpu_steps(spec: JobSpec, geometries: list, signals: SignalFilters | None = 
         draft = max([draft] + [g.min_side_px for g in geometries])
     if draft is not None and spec.signals.image.enabled:  # steps/image_signals.py
         draft = max(draft, 2 * spec.signals.image.analysis_px)
+    hashes = needed_hashes(spec)     # none: no HashStep, no sha256/phash columns
     head = [CaptionStep(spec.captions), DecodeStep(spec.decode, draft, spec.resize),
-            FilterStep(spec.filters), HashStep(), DedupStep(spec.dedup)] + added
+            FilterStep(spec.filters)] + ([HashStep(hashes)] if hashes else []) + [
+            DedupStep(spec.dedup)] + added
     return (head + _cpu_signal_filter(signals, source_writes, head) + inputs
             + [ResizeStep(spec.resize)])
 

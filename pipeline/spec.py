@@ -146,7 +146,9 @@ class SourceSpec(_Strict):
         "The format itself is sniffed from the bytes, not from this.")
     partition_size: int = Field(1000, ge=1, description="Records (media files or manifest "
                                 "rows) per partition, fixed at planning; `webdataset` cuts "
-                                "by `shards_per_partition` instead.")
+                                "by `shards_per_partition` instead. Left at its default, it "
+                                "is a cap: a small input is cut finer so that every worker "
+                                "gets `runtime.partitions_per_worker` partitions.")
     shards_per_partition: int = Field(1, ge=1, description="WebDataset: whole shards per "
                                       "partition (a shard is never split).")
     webdataset: WebDatasetSourceSpec = Field(
@@ -302,6 +304,13 @@ class SinkSpec(_Strict):
     allow_bucket_root: bool = Field(
         False, description="Allow a bucket root (`s3://bucket`) as `uri`: an output owns its "
         "whole prefix (a new generation replaces the old ones, `mmpipe gc` deletes in it).")
+    hash_columns: tuple[Literal["sha256", "phash"], ...] = Field(
+        (), description="Hash columns to write even when nothing in the job needs them: "
+        "`sha256` (of the source bytes) and `phash` (64-bit pHash, with `low_detail`). "
+        "Images compute a hash only when a step, the dedup index or this list needs it "
+        "(`dedup.exact` / `dedup.dataset.exact` need sha256, `dedup.near` / "
+        "`dedup.dataset.near` need phash; `mmpipe validate --explain` names the reason). "
+        "Videos always write both (their decode makes them).")
     allow_foreign_files: bool = Field(
         False, description="Allow a `uri` that already holds files and is not an mmpipe "
         "output (no `_plan/`, `_checkpoints/`, `_generations/`, `_job/` or `_SUCCESS`): "
@@ -1003,13 +1012,24 @@ class RuntimeSpec(_Strict):
     worker_resources: dict[str, float] = Field(
         {}, description="Custom Ray resources each PartitionWorker requests besides its CPU, "
         "e.g. `{cpu_node: 1}` to keep CPU work off GPU nodes; the cluster's CPU worker group "
-        "must advertise the resource (KubeRay: `rayStartParams.resources` of that group), "
+        "must advertise the resource (the chart: `worker.rayResources`; KubeRay: the group's "
+        "`resources`), "
         "else the job fails after `resource_wait_s`. Default: none, workers go anywhere.")
     resource_wait_s: float = Field(
         600.0, gt=0, description="Seconds an actor may wait for a node that offers its "
         "resources (ModelActor GPUs/CPUs, PartitionWorker CPU and `worker_resources`) before "
         "the job fails naming what is missing; a surplus worker of a running job is "
         "dropped instead.")
+    partitions_per_worker: int = Field(
+        4, ge=0, description="When a new plan is made and the spec leaves "
+        "`source.partition_size` (WebDataset: `shards_per_partition`) at its default, an "
+        "input too small to give each worker this many partitions of that size is cut "
+        "into smaller ones (by records, and by listed bytes for media files; at least "
+        "`output.plan.MIN_PARTITION_RECORDS` records each), so that every worker has work "
+        "(`output.plan.pack`); the workers counted are `num_workers`, else the cluster's "
+        "CPUs (capped by `max_workers`). A size set in the spec is used as it is; 0 here: "
+        "the default size as it is too. A stored plan is kept as it is (resume never "
+        "re-cuts it); not part of the fingerprint.")
     batch_size: int = Field(32, ge=1, description="Records per batch inside a partition.")
     max_batch_bytes: int = Field(
         256 * 2**20, ge=1, description="Byte budget of the decoded pixels of one batch "

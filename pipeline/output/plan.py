@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -91,21 +92,86 @@ def _decode(value: bytes | str | None) -> str | None:
     return fs.uri_from_bytes(value) if isinstance(value, bytes) else value
 
 
-def pack(items: Iterable[InputItem], partition_size: int) -> Iterator[Partition]:
+#: Most records ``pack`` holds to decide whether an input is small (``target_partitions``):
+#: an input it has not seen the end of by then is cut as if it had exactly this many.
+LOOKAHEAD_RECORDS = 100_000
+#: Fewest records ``pack`` cuts a partition to for ``target_partitions`` (a partition
+#: costs a data file, a commit marker and a lease: a few ms locally, more on S3).
+MIN_PARTITION_RECORDS = 4
+#: Fewest listed bytes a partition is cut to by bytes (the bytes rule is for large files).
+MIN_PARTITION_BYTES = 64 * 2**20
+
+
+def pack(items: Iterable[InputItem], partition_size: int,
+         target_partitions: int = 0) -> Iterator[Partition]:
     """Pack items, in order, into partitions of at most ``partition_size`` records
     (a media file, a WebDataset shard or an input unreadable at planning counts as one;
-    a manifest row range as its rows)."""
+    a manifest row range as its rows).
+
+    ``target_partitions`` (the workers times ``runtime.partitions_per_worker``; 0: off):
+    an input too small to give every worker that many partitions of ``partition_size``
+    is cut finer, so no worker idles while another holds the whole input (issue 32). It
+    reads ahead up to ``LOOKAHEAD_RECORDS`` records (or ``partition_size *
+    target_partitions``, if fewer). If the input ends there, a partition closes at
+    ``ceil(records / target)`` records (at least ``MIN_PARTITION_RECORDS``) or at
+    ``ceil(bytes / target)`` listed bytes (at least ``MIN_PARTITION_BYTES``; a manifest
+    row range counts none), whichever comes first, so that many small files and a few
+    large ones both spread out; a longer input is cut at ``ceil(LOOKAHEAD_RECORDS /
+    target)`` records. Never more than ``partition_size``. A manifest row range larger
+    than a partition is split into ranges (the later ones read from the start of the
+    file: ``byte_start`` -1). The plan is written once and kept: a stored plan is never
+    cut again.
+    """
+    items = iter(items)
+    ahead: list[InputItem] = []
+    max_rows, max_bytes = partition_size, None
+    if target_partitions > 0:
+        horizon = min(LOOKAHEAD_RECORDS, partition_size * target_partitions)
+        seen = 0
+        for item in items:
+            ahead.append(item)
+            seen += _rows(item)
+            if seen >= horizon:
+                break
+        else:    # the whole input is in ``ahead``
+            total_bytes = sum(_bytes(i) for i in ahead)
+            max_bytes = max(MIN_PARTITION_BYTES, -(-total_bytes // target_partitions))
+            horizon = seen
+        max_rows = min(partition_size, max(MIN_PARTITION_RECORDS,
+                                           -(-horizon // target_partitions)))
     current: list[InputItem] = []
-    rows = 0
+    rows = nbytes = 0
     index = 0
-    for item in items:
-        if current and rows + _rows(item) > partition_size:
+    for item in (piece for i in itertools.chain(ahead, items) for piece in _split(i, max_rows)):
+        full = rows + _rows(item) > max_rows or (
+            max_bytes is not None and nbytes + _bytes(item) > max_bytes)
+        if current and full:
             yield Partition(partition_name(index), tuple(current))
-            index, current, rows = index + 1, [], 0
+            index, current, rows, nbytes = index + 1, [], 0, 0
         current.append(item)
         rows += _rows(item)
+        nbytes += _bytes(item)
     if current:
         yield Partition(partition_name(index), tuple(current))
+
+
+def _bytes(item: InputItem) -> int:
+    """Listed bytes of a media file or shard; 0 for a manifest row range (its
+    ``size_bytes`` is the whole manifest's)."""
+    return max(0, item.size_bytes) if item.row_start < 0 else 0
+
+
+def _split(item: InputItem, max_rows: int) -> Iterator[InputItem]:
+    """``item``, or its manifest row range cut into ranges of at most ``max_rows``."""
+    if item.row_start < 0 or item.row_stop - item.row_start <= max_rows:
+        yield item
+        return
+    for start in range(item.row_start, item.row_stop, max_rows):
+        first = start == item.row_start
+        yield dataclasses.replace(item, row_start=start,
+                                  row_stop=min(item.row_stop, start + max_rows),
+                                  byte_start=item.byte_start if first else -1,
+                                  line_start=item.line_start if first else -1)
 
 
 class _ListingHash:
@@ -141,14 +207,15 @@ def _writer(uri: str, schema: pa.Schema) -> pq.ParquetWriter:
 def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec,
                items_per_partition: int | None = None,
                datasource_metadata: Callable[[], dict[str, str]] | None = None,
-               rows_known: bool = True) -> PartitionPlan:
+               rows_known: bool = True, target_partitions: int = 0) -> PartitionPlan:
     """Plan ``items`` (already in deterministic order) and write ``_plan/`` incrementally.
 
     ``items_per_partition``: the datasource's (``Datasource.items_per_partition``; default
     ``spec.partition_size``). ``datasource_metadata``: called once the items are
     exhausted (``Datasource.plan_metadata``); stored in the plan. ``rows_known``: False
-    when the records are known only once read (``rows_total`` is then None). Raises
-    ``PlanError`` if there are no items.
+    when the records are known only once read (``rows_total`` is then None).
+    ``target_partitions``: cut a small input finer (``pack``). Raises ``PlanError`` if
+    there are no items.
     """
     listing = _ListingHash()
     ids: list[str] = []
@@ -160,7 +227,7 @@ def write_plan(output_uri: str, items: Iterable[InputItem], spec: SourceSpec,
     writer = _writer(OutputLayout(output_uri).plan, _SCHEMA)
     try:
         for part in pack((listing.add(i) for i in items),
-                         items_per_partition or spec.partition_size):
+                         items_per_partition or spec.partition_size, target_partitions):
             ids.append(part.partition_id)
             rows.append(part.rows_planned)
             n_inputs.append(len(part.inputs))
@@ -254,7 +321,8 @@ def load_or_create(output_uri: str, spec: SourceSpec,
                    list_items: Callable[[], Iterable[InputItem]],
                    items_per_partition: int | None = None,
                    datasource_metadata: Callable[[], dict[str, str]] | None = None,
-                   rows_known: bool = True) -> tuple[PartitionPlan, str]:
+                   rows_known: bool = True,
+                   target_partitions: int = 0) -> tuple[PartitionPlan, str]:
     """Return ``(plan, how)``: the stored plan if there is one, else a new written plan.
 
     ``how`` is ``"new"``, ``"stored"``, ``"stored, input listing changed"`` or
@@ -265,7 +333,7 @@ def load_or_create(output_uri: str, spec: SourceSpec,
     stored = check_stored_plan(output_uri, spec)
     if stored is None:
         return write_plan(output_uri, list_items(), spec, items_per_partition,
-                          datasource_metadata, rows_known), "new"
+                          datasource_metadata, rows_known, target_partitions), "new"
     try:
         current = listing_sha256(list_items())
     except PlanError as e:

@@ -88,9 +88,10 @@ def _run_job(output: OutputSession, pipeline, run_id: str, t0: float,
     with ThreadPoolExecutor(1, thread_name_prefix="list-markers") as lister:
         # the marker listing (a resume of 100k partitions: 100 pages) while the plan loads
         listing = lister.submit(committed_markers, spec.sink.uri, pipeline)
-        plan, how = planning.load_or_create(spec.sink.uri, spec.source, source.list_inputs,
-                                            source.items_per_partition, source.plan_metadata,
-                                            source.rows_known)
+        plan, how = planning.load_or_create(
+            spec.sink.uri, spec.source, source.list_inputs, source.items_per_partition,
+            source.plan_metadata, source.rows_known,
+            target_partitions(spec, processes))
         done = listing.result()  # PlanError: another fingerprint
     report = JobReport(spec.name, spec.sink.uri, fp, f"{how}, {len(plan)} partitions",
                        partitions_total=len(plan), inputs=plan.totals(), run_id=run_id)
@@ -116,6 +117,33 @@ def _run_job(output: OutputSession, pipeline, run_id: str, t0: float,
     if report.complete:
         output.complete(report.to_dict())   # _SUCCESS; older generations deleted
     return report
+
+
+def target_partitions(spec: JobSpec, processes: ProcessWorkers | None) -> int:
+    """The partitions a new plan of a small input is cut into (``output.plan.pack``):
+    ``runtime.partitions_per_worker`` times ``planned_workers``; 0 (cut at the size as
+    given) when the spec sets ``source.partition_size`` (``shards_per_partition`` for
+    WebDataset) itself: only the default size is a cap that a small input goes under."""
+    size_field = "shards_per_partition" if spec.source.kind == "webdataset" else "partition_size"
+    if size_field in spec.source.model_fields_set:
+        return 0
+    return spec.runtime.partitions_per_worker * planned_workers(spec, processes)
+
+
+def planned_workers(spec: JobSpec, processes: ProcessWorkers | None) -> int:
+    """How many PartitionWorkers the plan is cut for (``runtime.partitions_per_worker``):
+    ``runtime.num_workers``, else the worker processes' CPUs or the Ray cluster's CPUs
+    (one per worker, as ``RayWorkers`` asks), capped by ``runtime.max_workers``."""
+    rt = spec.runtime
+    if rt.num_workers:
+        return rt.num_workers
+    if processes is not None:
+        n = processes.capacity
+    else:
+        import ray
+
+        n = int(ray.cluster_resources().get("CPU", 1))
+    return max(1, min(n, rt.max_workers or n))
 
 
 def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,

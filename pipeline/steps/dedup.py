@@ -19,8 +19,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.columns import (DUPLICATE_HAMMING, DUPLICATE_OF, KEY, LOW_DETAIL, PHASH,
-                              REJECT_REASON, SHA256)
+from pipeline.columns import (
+    DUPLICATE_HAMMING,
+    DUPLICATE_OF,
+    KEY,
+    LOW_DETAIL,
+    PHASH,
+    REJECT_REASON,
+    SHA256,
+)
 from pipeline.records import RejectReason
 from pipeline.spec import DedupSpec
 from pipeline.steps.base import Filter
@@ -29,12 +36,13 @@ from pipeline.steps.base import Filter
 class DedupStep(Filter):
     """Stateful per partition: call ``start_partition`` before each partition."""
 
-    reads = (KEY, SHA256, PHASH)
     writes = (REJECT_REASON, DUPLICATE_OF, DUPLICATE_HAMMING)
 
     def __init__(self, spec: DedupSpec):
         super().__init__()
         self.spec = spec
+        # the hashes it compares (steps.image.needed_hashes computes only those)
+        self.reads = (KEY,) + ((SHA256,) if spec.exact else ()) + ((PHASH,) if spec.near else ())
         self.start_partition("")
 
     def settings(self):
@@ -62,16 +70,19 @@ class DedupStep(Filter):
         return (self._keys[j], int(dist[j])) if dist[j] <= self.spec.max_hamming_distance else None
 
     def reject_reason(self, batch, i):
-        sha, ph, key = batch[SHA256][i], batch[PHASH][i], batch[KEY][i]
+        key = batch[KEY][i]
+        sha = batch[SHA256][i] if self.spec.exact else None
+        ph = batch[PHASH][i] if self.spec.near else None
         low = batch.get(LOW_DETAIL)
         if low is not None and low[i]:
             ph = None                    # a flat image's pHash is not evidence of anything
-        hit = (self._sha[sha], 0) if self.spec.exact and sha in self._sha else None
+        hit = (self._sha[sha], 0) if sha is not None and sha in self._sha else None
         hit = hit or (self._near(ph) if ph is not None else None)
         if hit:
             batch[DUPLICATE_OF][i], batch[DUPLICATE_HAMMING][i] = hit
             return RejectReason.DUPLICATE
-        self._sha.setdefault(sha, key)
+        if sha is not None:
+            self._sha.setdefault(sha, key)
         if ph is not None:
             self._keep(ph, key)
         return None

@@ -10,17 +10,34 @@ import hashlib
 import posixpath
 from urllib.parse import unquote
 
-
-from pipeline.columns import (DECODE_FLAGS, DEVICE_INPUT, FORMAT, HAS_ALPHA, HEIGHT, IMAGE,
-                              IMAGE_HEIGHT, IMAGE_WIDTH, IS_ANIMATED, LOW_DETAIL, MIME, N_FRAMES,
-                              PHASH, PIXELS, SHA256, SOURCE_BYTES, SOURCE_URI, STATUS, WIDTH,
-                              Batch)
-from pipeline.records import RejectReason
-from pipeline.spec import DecodeSpec, FilterSpec, ResizeSpec
-from pipeline.steps.base import Filter, RowStep, Step
+from pipeline.columns import (
+    DECODE_FLAGS,
+    DEVICE_INPUT,
+    FORMAT,
+    HAS_ALPHA,
+    HEIGHT,
+    IMAGE,
+    IMAGE_HEIGHT,
+    IMAGE_WIDTH,
+    IS_ANIMATED,
+    LOW_DETAIL,
+    MIME,
+    N_FRAMES,
+    PHASH,
+    PIXELS,
+    SHA256,
+    SOURCE_BYTES,
+    SOURCE_URI,
+    STATUS,
+    WIDTH,
+    Batch,
+)
 from pipeline.media.decode import decode_image, decoded_size
 from pipeline.media.device import PHASH_DRAFT_PX, JpegInput, device_input
 from pipeline.media.transform import encode, phash_and_low_detail, resize_pixels
+from pipeline.records import RejectReason
+from pipeline.spec import DecodeSpec, FilterSpec, JobSpec, ResizeSpec
+from pipeline.steps.base import Filter, RowStep, Step
 
 
 def source_extension(batch: Batch, i: int) -> str | None:
@@ -120,27 +137,67 @@ class FilterStep(Filter):
         return None
 
 
+def needed_hashes(spec: JobSpec) -> dict[str, str]:
+    """Which image hashes the job ``spec`` needs, and why: ``{"sha256" | "phash": reason}``
+    (the reason names the spec field, for ``mmpipe validate --explain``). sha256: in-partition
+    exact dedup, the dataset dedup index (it lists rows by sha256), a signal filter on it,
+    ``sink.hash_columns``; phash: near dedup (in the partition or dataset-wide), a signal
+    filter on ``phash``/``low_detail``, ``sink.hash_columns``. Empty: no hash is computed."""
+    needs: dict[str, list[str]] = {SHA256: [], PHASH: []}
+    dedup, dataset = spec.dedup, spec.dedup.dataset
+    if dedup.exact:
+        needs[SHA256].append("dedup.exact")
+    if dedup.near:
+        needs[PHASH].append("dedup.near")
+    if dataset.enabled:
+        needs[SHA256].append("dedup.dataset.enabled")
+        if dataset.near:
+            needs[PHASH].append("dedup.dataset.near")
+    for n, rule in enumerate(spec.filters.signals):
+        column = {LOW_DETAIL: PHASH}.get(rule.column, rule.column)
+        if column in needs:
+            needs[column].append(f"filters.signals[{n}]")
+    for column in spec.sink.hash_columns:
+        needs[column].append("sink.hash_columns")
+    return {c: ", ".join(why) for c, why in needs.items() if why}
+
+
 class HashStep(Step):
-    """``sha256`` (hex) of the source bytes for every row that has bytes, and ``phash``.
+    """``sha256`` (hex) of the source bytes for every row that has bytes, and ``phash``,
+    each only if ``needed_hashes`` names it (``reasons``).
 
     ``phash`` is the 64-bit DCT perceptual hash of ``imagehash.phash`` (Zauner 2010,
     hash_size=8) of the decoded pixels, as ``phash64`` gives it (int64); None for rows
-    without pixels. (A row the model actor decodes, ``decode.device: cuda``, has only a
-    JPEG draft of >= ``PHASH_DRAFT_PX`` pixels here: its pHash may differ from a ``cpu``
-    job's by a few bits.) ``low_detail``: ``media.transform.low_detail`` of the same DCT
-    (a flat image: its pHash is kept but near dedup does not use it); None without pixels.
+    without pixels. The pixels are the decoder's: for a JPEG its DCT-scaled draft
+    (``DecodeStep.draft_min_side_px``, at least the resize and model sizes), never a full
+    decode made for the hash. (A row the model actor decodes, ``decode.device: cuda``, has
+    only a JPEG draft of >= ``PHASH_DRAFT_PX`` pixels here: its pHash may differ from a
+    ``cpu`` job's by a few bits.) ``low_detail``: ``media.transform.low_detail`` of the
+    same DCT (a flat image: its pHash is kept but near dedup does not use it); None
+    without pixels.
     """
 
     reads = (SOURCE_BYTES,)
-    writes = (SHA256, PHASH, LOW_DETAIL)
+
+    def __init__(self, reasons: dict[str, str] | None = None):
+        # None: both hashes (a step used on its own, outside an assembled job)
+        self.reasons = reasons if reasons is not None else {SHA256: "asked", PHASH: "asked"}
+        self.writes = ((SHA256,) if SHA256 in self.reasons else ()) + (
+            (PHASH, LOW_DETAIL) if PHASH in self.reasons else ())
+
+    def settings(self):
+        # both hashes: the settings every output had before hashes became optional
+        return {} if len(self.reasons) == 2 else {"columns": sorted(self.reasons)}
 
     def __call__(self, batch: Batch) -> Batch:
-        batch[SHA256] = [hashlib.sha256(b).hexdigest() if b is not None else None
-                         for b in batch[SOURCE_BYTES]]
-        hashed = [phash_and_low_detail(p) if p is not None else (None, None)
-                  for p in batch.get(PIXELS, [None] * len(batch[SHA256]))]
-        batch[PHASH] = [h for h, _ in hashed]
-        batch[LOW_DETAIL] = [low for _, low in hashed]
+        if SHA256 in self.reasons:
+            batch[SHA256] = [hashlib.sha256(b).hexdigest() if b is not None else None
+                             for b in batch[SOURCE_BYTES]]
+        if PHASH in self.reasons:
+            hashed = [phash_and_low_detail(p) if p is not None else (None, None)
+                      for p in batch.get(PIXELS, [None] * len(batch[SOURCE_BYTES]))]
+            batch[PHASH] = [h for h, _ in hashed]
+            batch[LOW_DETAIL] = [low for _, low in hashed]
         return batch
 
 

@@ -49,9 +49,11 @@ def test_n03_n04_manifest_types_and_encodings(ray_local, tmp_path):
     """N03: a numeric caption becomes text with a flag; a carried id that is a string and
     then a number is text. N04: a Windows-1252 CSV decodes with the fallback and a flag.
     Keys repeated across two manifests stay unique."""
-    # (both manifests name the same three images: dedup off, so every row stays ok)
+    # (both manifests name the same three images: dedup off, so every row stays ok; keys
+    # are made unique within a partition (pipeline.keys), so both stay in one partition)
     report, rows = _run(CASES / "N03_jsonl_mixed_types", tmp_path / "n03", source={
-        "kind": "manifest", "key_column": "key"}, dedup={"exact": False, "near": False})
+        "kind": "manifest", "key_column": "key", "partition_size": 1000},
+        dedup={"exact": False, "near": False})
     assert report.rows_out == report.inputs["rows"] == 6 and report.inputs["warnings"] == []
     assert sorted(rows) == ["r0", "r0%2A1", "r1", "r1%2A1", "r2", "r2%2A1"]
     assert all(r["status"] == "ok" for r in rows.values())

@@ -66,7 +66,8 @@ def test_webdataset_in_and_out_with_bad_shards_and_resume(ray_local, tmp_path):
     out = tmp_path / "out"
     spec = _spec(src, out, source={"kind": "webdataset", "shards_per_partition": 2},
                  dedup={"exact": False, "near": False},
-                 sink={"webdataset": {"enabled": True, "shard_max_samples": 4}})
+                 sink={"webdataset": {"enabled": True, "shard_max_samples": 4},
+                       "hash_columns": ["sha256"]})
     report = run_job(spec)
     assert report.complete and report.partitions_total == 3      # 5 shards, 2 per partition
     markers = check_accounting(str(out), planned=False)
@@ -171,7 +172,7 @@ def test_url_manifest_downloads_with_faults_and_resumes(ray_local, tmp_path):
                      download={"timeout_s": 1.0, "retries": 2, "backoff_s": 0.01,
                                "max_per_host": 2, "threads": 4,
                                "allow_networks": ["127.0.0.0/8"]},  # loopback server
-                     dedup={"exact": False, "near": False})
+                     dedup={"exact": False, "near": False}, sink={"hash_columns": ["sha256"]})
         report = run_job(spec)
         assert report.complete and report.partitions_total == 2
         markers = check_accounting(str(out))

@@ -367,8 +367,8 @@ def test_files_job_decodes_targa_and_eoi_less_jpeg_and_keeps_the_cut_one_an_erro
         (src / path.name).write_bytes(path.read_bytes())
     spec = JobSpec.model_validate({
         "source": {"kind": "files", "uri": str(src), "partition_size": 10},
-        "sink": {"uri": str(tmp_path / "out")}, "dedup": {"exact": False, "near": False},
-        "text_embedding": {"enabled": False}})
+        "sink": {"uri": str(tmp_path / "out"), "hash_columns": ["phash"]},
+        "dedup": {"exact": False, "near": False}, "text_embedding": {"enabled": False}})
     pool = ThreadPoolExecutor(2)
     pipeline = assemble(spec, {}, pool, setup=True)
     part = next(planning.pack(pipeline.datasource.list_inputs(), spec.source.partition_size))

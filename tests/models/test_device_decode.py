@@ -229,7 +229,7 @@ def test_a_cuda_job_runs_through_the_runner_on_cpu_actors(ray_local, tiny_models
     report = run_job(JobSpec.model_validate({
         "name": "device-decode", "source": {"kind": "files", "uri": str(src),
                                             "partition_size": 7},
-        "sink": {"uri": str(out)}, "decode": {"device": "cuda"},
+        "sink": {"uri": str(out), "hash_columns": ["phash"]}, "decode": {"device": "cuda"},
         "dedup": {"near": False},                   # the hopper cases are near duplicates
         "runtime": {"batch_size": 4, "num_workers": 1, "max_attempts": 1},
         "text_embedding": {"enabled": False},
