@@ -10,7 +10,6 @@ import io
 import math
 
 import numpy as np
-import scipy.fftpack
 from PIL import Image
 from pipeline.spec import ResizeSpec
 
@@ -46,6 +45,8 @@ def phash_dct(pixels: np.ndarray) -> np.ndarray:
     pixels -> Pillow ``L`` grey -> 32 x 32 Lanczos resize -> ``scipy.fftpack.dct`` along
     axis 0 then axis 1 -> the top-left 8 x 8. Colour is gone at the first step: images
     that differ only in hue at equal luma hash alike."""
+    import scipy.fftpack  # here: 0.1 s to import, and a job without hashes never needs it
+
     grey = Image.fromarray(pixels).convert("L").resize(
         (PHASH_GREY_SIDE, PHASH_GREY_SIDE), Image.Resampling.LANCZOS)
     a = np.asarray(grey)

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-from ray.exceptions import RayTaskError
 
 from pipeline.assembly import assemble
 from pipeline.errors import PartitionError
@@ -29,7 +28,6 @@ from pipeline.output.checkpoint import CheckpointStore
 from pipeline.models.registry import check_models, enabled_sections
 from pipeline.runtime.executors import ProcessWorkers, RayWorkers, WorkerLost, new_run_id
 from pipeline.runtime.metrics import DriverMetrics, job_namespace
-from pipeline.runtime.model_pool import model_stats, start_model_pools, stop_model_pools
 from pipeline.runtime.partition import AttemptOutcome, new_attempt_id
 from pipeline.runtime.output_session import OutputSession, open_output
 from pipeline.runtime.preflight import committed_markers
@@ -156,6 +154,8 @@ def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
     scheduler = None
     try:
         if processes is None:
+            from pipeline.runtime.model_pool import start_model_pools  # Ray: only here
+
             pools = start_model_pools(spec, report.run_id)
             workers = RayWorkers(spec, fp, pools, report.run_id)
         else:
@@ -165,6 +165,8 @@ def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
         scheduler.start_initial()
         scheduler.loop()
         if pools:
+            from pipeline.runtime.model_pool import model_stats
+
             report.model_actors = model_stats(pools)  # not after a stop: it waits on them
     except KeyboardInterrupt:  # a stop: the partitions in flight may still have committed
         # every partition handed out and not yet counted (the stop may come between taking
@@ -176,7 +178,10 @@ def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
         if scheduler is not None:
             scheduler.close()
         progress.close()
-        stop_model_pools(pools)
+        if pools:
+            from pipeline.runtime.model_pool import stop_model_pools
+
+            stop_model_pools(pools)
 
 
 SCALE_TICK_S = 2.0  # seconds between looks at the cluster's free resources
@@ -449,7 +454,7 @@ def _is_storage_outage(e: BaseException) -> bool:
     ``StorageError`` gave up (``gave_up``). A dead worker or a timeout is not."""
     if isinstance(e, (WorkerLost, AttemptTimeout)):
         return False
-    cause: BaseException | None = e.cause if isinstance(e, RayTaskError) and e.cause else e
+    cause: BaseException | None = _cause(e)
     seen = set()
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
@@ -459,10 +464,19 @@ def _is_storage_outage(e: BaseException) -> bool:
     return False
 
 
+def _cause(e: BaseException) -> BaseException:
+    """A ``RayTaskError``'s cause (the exception the actor raised), else ``e``. Ray is
+    looked up, not imported: a run on worker processes never loads it."""
+    ray_exceptions = sys.modules.get("ray.exceptions")
+    if ray_exceptions is not None and isinstance(e, ray_exceptions.RayTaskError) and e.cause:
+        return e.cause
+    return e
+
+
 class AttemptTimeout(PartitionError):
     """A partition attempt ran past ``runtime.attempt_timeout_s`` and was cancelled."""
 
 
 def _short(e: BaseException) -> str:
-    text = str(e.cause) if isinstance(e, RayTaskError) and e.cause else str(e)
+    text = str(_cause(e))
     return text.strip().splitlines()[-1][:500] if text.strip() else type(e).__name__

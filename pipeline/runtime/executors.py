@@ -23,6 +23,7 @@ Ray, the original exception from a process).
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -42,6 +43,17 @@ KILL_GRACE_S = 5.0  # seconds to wait for a killed worker process to be reaped
 def new_run_id() -> str:
     """A fresh run id: 8 hex digits, unique per ``run_job`` call in practice."""
     return uuid.uuid4().hex[:8]
+
+
+@functools.cache
+def remote_worker():
+    """``PartitionWorker`` as a Ray actor class (``ray.remote``), made once; worker.py
+    does not import Ray, so worker processes never load it."""
+    import ray
+
+    from pipeline.runtime.worker import PartitionWorker
+
+    return ray.remote(PartitionWorker)
 
 
 class WorkerLost(Exception):
@@ -66,10 +78,9 @@ class RayWorkers:
     def start(self, index: int, restarts: int = 0):
         """Ask Ray for worker ``index`` (``-r<n>`` after ``n`` restarts); returns its handle."""
         from pipeline.runtime.metrics import job_namespace
-        from pipeline.runtime.worker import RemotePartitionWorker
 
         name = f"PartitionWorker-{index}" + (f"-r{restarts}" if restarts else "")
-        return RemotePartitionWorker.options(
+        return remote_worker().options(
             name=name, namespace=job_namespace(self.spec.name, self.run_id), num_cpus=1,
             resources=dict(self.spec.runtime.worker_resources),
         ).remote(self.spec.model_dump_json(), self.fp, index, self.pools, self.run_id)

@@ -37,52 +37,76 @@ import threading
 import time
 from typing import Iterator
 
-from ray.util import metrics as raym
 
 PARTITION_BOUNDARIES_S = [0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600]
 BATCH_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
 
-_DEFS: dict[str, tuple[type, str, tuple[str, ...], list[float] | None]] = {
-    "mmpipe_records": (raym.Counter, "Committed records by status and reason.",
+#: name -> (``ray.util.metrics`` class name, description, tag keys, histogram boundaries)
+_DEFS: dict[str, tuple[str, str, tuple[str, ...], list[float] | None]] = {
+    "mmpipe_records": ("Counter", "Committed records by status and reason.",
                        ("job_name", "status", "reason"), None),
-    "mmpipe_records_flagged": (raym.Counter, "Committed records by signal-filter flag.",
+    "mmpipe_records_flagged": ("Counter", "Committed records by signal-filter flag.",
                                ("job_name", "flag"), None),
-    "mmpipe_records_read": (raym.Counter, "Records read (every attempt).", ("job_name",), None),
-    "mmpipe_bytes_read": (raym.Counter, "Media bytes read (every attempt).", ("job_name",), None),
-    "mmpipe_bytes_written": (raym.Counter, "Bytes of committed output files.", ("job_name",), None),
-    "mmpipe_partitions_committed": (raym.Counter, "Partitions committed.", ("job_name",), None),
-    "mmpipe_partition_attempts_failed": (raym.Counter, "Partition attempts that raised or whose "
+    "mmpipe_records_read": ("Counter", "Records read (every attempt).", ("job_name",), None),
+    "mmpipe_bytes_read": ("Counter", "Media bytes read (every attempt).", ("job_name",), None),
+    "mmpipe_bytes_written": ("Counter", "Bytes of committed output files.", ("job_name",), None),
+    "mmpipe_partitions_committed": ("Counter", "Partitions committed.", ("job_name",), None),
+    "mmpipe_partition_attempts_failed": ("Counter", "Partition attempts that raised or whose "
                                          "worker died.", ("job_name",), None),
-    "mmpipe_partitions_failed": (raym.Counter, "Partitions failed after max_attempts.",
+    "mmpipe_partitions_failed": ("Counter", "Partitions failed after max_attempts.",
                                  ("job_name",), None),
-    "mmpipe_partitions_remaining": (raym.Gauge, "Partitions of this run not yet committed or "
+    "mmpipe_partitions_remaining": ("Gauge", "Partitions of this run not yet committed or "
                                     "failed.", ("job_name",), None),
-    "mmpipe_partition_duration_s": (raym.Histogram, "Seconds per partition attempt.",
+    "mmpipe_partition_duration_s": ("Histogram", "Seconds per partition attempt.",
                                     ("job_name", "outcome"), PARTITION_BOUNDARIES_S),
-    "mmpipe_model_batches_in_flight": (raym.Gauge, "Batches a worker has sent to the model "
+    "mmpipe_model_batches_in_flight": ("Gauge", "Batches a worker has sent to the model "
                                        "pool and not yet received.", ("job_name", "worker"), None),
-    "mmpipe_model_batch_roundtrip_s": (raym.Histogram, "Seconds from a worker sending a batch "
+    "mmpipe_model_batch_roundtrip_s": ("Histogram", "Seconds from a worker sending a batch "
                                        "to the model pool to its result.", ("job_name",),
                                        BATCH_BOUNDARIES_S),
-    "mmpipe_model_batch_latency_s": (raym.Histogram, "Seconds a model actor computes one batch.",
+    "mmpipe_model_batch_latency_s": ("Histogram", "Seconds a model actor computes one batch.",
                                      ("job_name", "model", "actor"), BATCH_BOUNDARIES_S),
-    "mmpipe_model_records": (raym.Counter, "Records run through a model actor.",
+    "mmpipe_model_records": ("Counter", "Records run through a model actor.",
                              ("job_name", "model", "actor"), None),
-    "mmpipe_model_busy_seconds": (raym.Counter, "Seconds a model actor spent computing.",
+    "mmpipe_model_busy_seconds": ("Counter", "Seconds a model actor spent computing.",
                                   ("job_name", "model", "actor"), None),
-    "mmpipe_model_busy_fraction": (raym.Gauge, "Fraction of the last window a model actor "
+    "mmpipe_model_busy_fraction": ("Gauge", "Fraction of the last window a model actor "
                                    "spent computing.", ("job_name", "model", "actor"), None),
 }
 METRIC_NAMES = tuple(_DEFS)
 
 
-@functools.lru_cache(maxsize=None)
-def metric(name: str):
-    """The process-wide ``ray.util.metrics`` object for ``name`` (created on first use)."""
+class _Unrecorded:
+    """A metric of a process without Ray (a worker process of the driver's,
+    ``runtime.executors``): there is no dashboard to show it, so it records nothing."""
+
+    def inc(self, *args, **kwargs) -> None:
+        """Nothing."""
+
+    set = observe = inc
+
+
+def _ray_initialized() -> bool:
+    """Whether this process is connected to Ray, without importing Ray (it costs 0.3 s)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+@functools.cache
+def _ray_metric(name: str):
+    from ray.util import metrics as raym
+
     kind, description, tags, boundaries = _DEFS[name]
+    kind = getattr(raym, kind)
     if boundaries is not None:
         return kind(name, description=description, boundaries=boundaries, tag_keys=tags)
     return kind(name, description=description, tag_keys=tags)
+
+
+def metric(name: str):
+    """The process-wide ``ray.util.metrics`` object for ``name`` (created on first use);
+    outside Ray one that records nothing (``_Unrecorded``)."""
+    return _ray_metric(name) if _ray_initialized() else _Unrecorded()
 
 
 def job_namespace(job: str, run_id: str = "") -> str:
@@ -243,9 +267,7 @@ def show_actor_state(actor) -> None:
     the actor's following log lines. Ray reads ``__repr__`` once, when the actor is
     created; this re-announces it the way Ray itself does (a magic line the log monitor
     consumes), so the dashboard's logs say which partition each worker holds."""
-    import ray
-
-    if not ray.is_initialized():  # a worker process of the driver's (runtime.executors)
+    if not _ray_initialized():  # a worker process of the driver's (runtime.executors)
         return
     try:
         from ray._private.ray_constants import LOG_PREFIX_ACTOR_NAME

@@ -1,21 +1,19 @@
 """``PartitionWorker``: owns one partition at a time, end to end - as a Ray actor
-(``RemotePartitionWorker``) or in a worker process of the driver's own
+(``executors.remote_worker()``) or in a worker process of the driver's own
 (``executors.ProcessWorkers``)."""
 
 from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-
-import ray
 
 from pipeline.assembly import assemble
 from pipeline.storage import fs
 from pipeline.output.plan import read_partition
 from pipeline.runtime import chaos, job_env, metrics, scratch, threads
-from pipeline.runtime.model_pool import worker_models
 from pipeline.runtime.partition import AttemptOutcome, run_partition
 from pipeline.runtime.report import objects_phrase
 from pipeline.spec import JobSpec
@@ -56,7 +54,11 @@ class PartitionWorker:
         self.step_pool = ThreadPoolExecutor(
             threads.step_threads(self.spec.runtime.decode_threads, cpus),
             thread_name_prefix="step")
-        models = worker_models(model_pools, index, wrap=self.metrics.count_model_calls)
+        models = {}
+        if model_pools:   # Ray actors: model_pool imports Ray, which worker processes skip
+            from pipeline.runtime.model_pool import worker_models
+
+            models = worker_models(model_pools, index, wrap=self.metrics.count_model_calls)
         self.pipeline = assemble(self.spec, models, self.step_pool, setup=True)
         if self.pipeline.fingerprint != fingerprint:
             raise RuntimeError(f"worker assembled fingerprint {self.pipeline.fingerprint}, "
@@ -101,12 +103,10 @@ class PartitionWorker:
         return f"PartitionWorker-{self.index}({getattr(self, 'current', 'starting')})"
 
 
-RemotePartitionWorker = ray.remote(PartitionWorker)
-
-
 def _node_id() -> str:
     """The Ray node this worker runs on, or ``local:<host name>`` in a worker process of
     the driver (``executors.ProcessWorkers``), as a commit marker's ``ran_on.node_id``."""
-    if ray.is_initialized():
+    ray = sys.modules.get("ray")   # never imported by a worker process (0.3 s)
+    if ray is not None and ray.is_initialized():
         return ray.get_runtime_context().get_node_id()
     return f"local:{socket.gethostname()}"

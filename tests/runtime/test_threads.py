@@ -63,7 +63,7 @@ def test_assigned_cpus_outside_ray_is_the_affinity():
 
 def test_a_partition_worker_caps_its_pools_at_its_cpus(ray_local, tmp_path):
     from pipeline.assembly import assemble
-    from pipeline.runtime.worker import RemotePartitionWorker
+    from pipeline.runtime.executors import remote_worker
     from pipeline.spec import JobSpec
 
     spec = JobSpec.model_validate({
@@ -86,7 +86,7 @@ def test_a_partition_worker_caps_its_pools_at_its_cpus(ray_local, tmp_path):
                               for s in worker.pipeline.steps if hasattr(s, "executor")}}
 
     # the node's environment asks for 6 OpenMP threads: Ray keeps it, the worker must not
-    worker = RemotePartitionWorker.options(
+    worker = remote_worker().options(
         num_cpus=1, runtime_env={"env_vars": {"OMP_NUM_THREADS": "6"}}
     ).remote(spec.model_dump_json(), fp, 0, [], "")
     try:
