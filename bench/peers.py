@@ -344,10 +344,11 @@ def variant_cmd(v: str, manifest: Path, output: Path, workdir: Path, args) -> li
                "--mode", "overwrite", *shlex.split(args.mmpipe_args)]
         if v == "mmpipe":
             return [sys.executable, "-m", "pipeline", *run]
-        # the baseline checkout's pipeline package first on sys.path, as `-m` would
-        boot = (f"import runpy, sys; sys.path.insert(0, {str(Path(args.baseline).resolve())!r}); "
-                "runpy.run_module('pipeline', run_name='__main__', alter_sys=True)")
-        return [sys.executable, "-c", boot, *run]
+        # the baseline checkout's pipeline package, in the driver and in every process it
+        # starts (Ray's workers take PYTHONPATH; `-m` puts the current directory first)
+        base = str(Path(args.baseline).resolve())
+        return ["bash", "-c", 'cd "$0" && PYTHONPATH="$0" exec "$@"', base,
+                sys.executable, "-m", "pipeline", *run]
     return [sys.executable, os.path.abspath(__file__), "--child", v, "--manifest",
             str(manifest), "--output", str(output), "--cores", str(args.cores)]
 
