@@ -67,7 +67,8 @@ def home_job(ray_local, tmp_path_factory):
     out = tmp / "out"
     spec = JobSpec.model_validate({
         "name": "home",
-        "source": {"kind": "manifest", "uri": str(home / "m.jsonl"), "key_column": "key"},
+        "source": {"kind": "manifest", "uri": str(home / "m.jsonl"), "key_column": "key",
+                   "partition_size": 1000},   # one partition: the tamper tests edit its marker
         "sink": {"uri": str(out), "compression": "none"},
         "runtime": {"batch_size": 4, "num_workers": 1, "max_attempts": 1},
         "dedup": {"exact": False, "near": False},
