@@ -131,11 +131,10 @@ def _processes(args, spec, address: str):
                         f"needs Ray for {', '.join(needs_ray)}", "--executor", "processes")
     if args.executor == "ray" or (args.executor == "auto" and needs_ray):
         return None
-    from pipeline.runtime.executors import ProcessWorkers, new_run_id
+    from pipeline.runtime.executors import ProcessWorkers, new_run_id, planned_workers
 
     processes = ProcessWorkers(spec.name, new_run_id(), verbose=getattr(args, "verbose", False))
-    cap = spec.runtime.num_workers or spec.runtime.max_workers
-    processes.prestart(min(cap, processes.capacity) if cap else processes.capacity)
+    processes.prestart(planned_workers(spec, processes))   # at most one per CPU
     return processes
 
 

@@ -26,7 +26,8 @@ from pipeline.storage import fs, retry
 from pipeline.output import plan as planning
 from pipeline.output.checkpoint import CheckpointStore
 from pipeline.models.registry import check_models, enabled_sections
-from pipeline.runtime.executors import ProcessWorkers, RayWorkers, WorkerLost, new_run_id
+from pipeline.runtime.executors import (ProcessWorkers, RayWorkers, WorkerLost, new_run_id,
+                                        planned_workers)
 from pipeline.runtime.metrics import DriverMetrics, job_namespace
 from pipeline.runtime.partition import AttemptOutcome, new_attempt_id
 from pipeline.runtime.output_session import OutputSession, open_output
@@ -126,22 +127,6 @@ def target_partitions(spec: JobSpec, processes: ProcessWorkers | None) -> int:
     if size_field in spec.source.model_fields_set:
         return 0
     return spec.runtime.partitions_per_worker * planned_workers(spec, processes)
-
-
-def planned_workers(spec: JobSpec, processes: ProcessWorkers | None) -> int:
-    """How many PartitionWorkers the plan is cut for (``runtime.partitions_per_worker``):
-    ``runtime.num_workers``, else the worker processes' CPUs or the Ray cluster's CPUs
-    (one per worker, as ``RayWorkers`` asks), capped by ``runtime.max_workers``."""
-    rt = spec.runtime
-    if rt.num_workers:
-        return rt.num_workers
-    if processes is not None:
-        n = processes.capacity
-    else:
-        import ray
-
-        n = int(ray.cluster_resources().get("CPU", 1))
-    return max(1, min(n, rt.max_workers or n))
 
 
 def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,

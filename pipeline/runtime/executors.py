@@ -36,13 +36,29 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ASSIGNED_CPUS_ENV = "MMPIPE_ASSIGNED_CPUS"  # read by threads.assigned_cpus in a child
 KILL_GRACE_S = 5.0  # seconds to wait for a killed worker process to be reaped
 
 
 def new_run_id() -> str:
     """A fresh run id: 8 hex digits, unique per ``run_job`` call in practice."""
     return uuid.uuid4().hex[:8]
+
+
+def planned_workers(spec, processes: ProcessWorkers | None) -> int:
+    """How many PartitionWorkers a run plans for (the plan's cut by
+    ``runtime.partitions_per_worker``, the worker processes spawned ahead):
+    ``runtime.num_workers``, else the worker processes' CPUs or the Ray cluster's CPUs
+    (one per worker, as ``RayWorkers`` asks), capped by ``runtime.max_workers``."""
+    rt = spec.runtime
+    if rt.num_workers:
+        return rt.num_workers
+    if processes is not None:
+        n = processes.capacity
+    else:
+        import ray
+
+        n = int(ray.cluster_resources().get("CPU", 1))
+    return max(1, min(n, rt.max_workers or n))
 
 
 @functools.cache
@@ -66,8 +82,6 @@ class RayWorkers:
 
     ``spec`` and ``fingerprint`` as the driver has them, ``pools`` the started model pools,
     ``run_id`` names the namespace ``mmpipe-<job>-<run id>``."""
-
-    name = "ray"
 
     def __init__(self, spec, fingerprint: str, pools: list, run_id: str):
         from pipeline.runtime.model_pool import actor_request
@@ -180,8 +194,6 @@ class ProcessWorkers:
     worker's modules while the driver plans (about 0.6 s each); ``bind`` gives them the
     spec and fingerprint once the driver has assembled it."""
 
-    name = "processes"
-
     def __init__(self, job: str, run_id: str, *, verbose: bool = False,
                  cpus: int | None = None):
         self.run_id = run_id
@@ -191,7 +203,6 @@ class ProcessWorkers:
             tempfile.mkdtemp(prefix=f"mmpipe-{job}-{run_id}-"))
         self.live: dict[int, _Process] = {}
         self.spare: list[_Process] = []
-        self.request = {"CPU": 1.0}
         self.fp = ""
         self._spec_json = ""
         self._context = multiprocessing.get_context("spawn")
@@ -298,8 +309,10 @@ def serve(conn, log_file: str | None) -> None:
     logs go to the log file given (none: this terminal)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _log_to(log_file)
-    os.environ[ASSIGNED_CPUS_ENV] = "1"   # one CPU's threads, as Ray's num_cpus=1 gives
+    from pipeline.runtime.threads import ASSIGNED_CPUS_ENV
     from pipeline.runtime.worker import PartitionWorker
+
+    os.environ[ASSIGNED_CPUS_ENV] = "1"   # one CPU's threads, as Ray's num_cpus=1 gives
 
     try:
         _kind, spec_json, fingerprint, index, run_id, worker_log = conn.recv()

@@ -86,7 +86,7 @@ class _Unrecorded:
     set = observe = inc
 
 
-def _ray_initialized() -> bool:
+def ray_initialized() -> bool:
     """Whether this process is connected to Ray, without importing Ray (it costs 0.3 s)."""
     ray = sys.modules.get("ray")
     return ray is not None and ray.is_initialized()
@@ -106,7 +106,7 @@ def _ray_metric(name: str):
 def metric(name: str):
     """The process-wide ``ray.util.metrics`` object for ``name`` (created on first use);
     outside Ray one that records nothing (``_Unrecorded``)."""
-    return _ray_metric(name) if _ray_initialized() else _Unrecorded()
+    return _ray_metric(name) if ray_initialized() else _Unrecorded()
 
 
 def job_namespace(job: str, run_id: str = "") -> str:
@@ -267,7 +267,7 @@ def show_actor_state(actor) -> None:
     the actor's following log lines. Ray reads ``__repr__`` once, when the actor is
     created; this re-announces it the way Ray itself does (a magic line the log monitor
     consumes), so the dashboard's logs say which partition each worker holds."""
-    if not _ray_initialized():  # a worker process of the driver's (runtime.executors)
+    if not ray_initialized():  # a worker process of the driver's (runtime.executors)
         return
     try:
         from ray._private.ray_constants import LOG_PREFIX_ACTOR_NAME

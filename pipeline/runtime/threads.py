@@ -41,13 +41,17 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                    "OPENCV_FOR_THREADS_NUM")
 
 
+#: Set in a worker process of ``runtime.executors.ProcessWorkers``: the CPUs it may use.
+ASSIGNED_CPUS_ENV = "MMPIPE_ASSIGNED_CPUS"
+
+
 def assigned_cpus() -> int:
     """CPUs this process may use: ``MMPIPE_ASSIGNED_CPUS`` when set (a worker process of
     ``runtime.executors.ProcessWorkers``); the CPUs Ray assigned to the current actor or task
     (``get_assigned_resources``, rounded down, at least 1); outside Ray, or with none
     assigned, the CPUs this process may run on (``os.sched_getaffinity``)."""
-    if os.environ.get("MMPIPE_ASSIGNED_CPUS"):  # a worker process (runtime.executors)
-        return max(1, int(os.environ["MMPIPE_ASSIGNED_CPUS"]))
+    if os.environ.get(ASSIGNED_CPUS_ENV):  # a worker process (runtime.executors)
+        return max(1, int(os.environ[ASSIGNED_CPUS_ENV]))
     cpus = None
     try:
         import ray

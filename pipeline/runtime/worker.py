@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -106,7 +105,8 @@ class PartitionWorker:
 def _node_id() -> str:
     """The Ray node this worker runs on, or ``local:<host name>`` in a worker process of
     the driver (``executors.ProcessWorkers``), as a commit marker's ``ran_on.node_id``."""
-    ray = sys.modules.get("ray")   # never imported by a worker process (0.3 s)
-    if ray is not None and ray.is_initialized():
+    if metrics.ray_initialized():   # never imported by a worker process (0.3 s)
+        import ray
+
         return ray.get_runtime_context().get_node_id()
     return f"local:{socket.gethostname()}"
