@@ -1,5 +1,5 @@
 # Two commands for a fresh machine (see README):
-#   make quickstart   venv + install + run the main job on the bundled photos on a local Ray
+#   make quickstart   venv + install + run the main job on the bundled photos (worker processes, no Ray)
 #   make test         venv + install + the default test suite
 PYTHON ?= python3
 VENV ?= .venv

@@ -5,7 +5,7 @@ DESIGN.md "Performance model": measure records/s and peak memory of the job as r
 against the same job as a plain loop in one process and the same job on Ray Data
 ``map_batches``.
 
-    .venv/bin/python bench/throughput.py                      # ~627 images, variants a,b,c
+    .venv/bin/python bench/throughput.py                      # ~627 images, variants a,b,c,d
     .venv/bin/python bench/throughput.py --copies 5           # a smaller set (285 images)
     .venv/bin/python bench/throughput.py --variants a,b --cores 2 --workdir /tmp/bench
     .venv/bin/python bench/throughput.py --copies 1 --no-model   # CPU steps only, no torch
@@ -22,20 +22,25 @@ What it does:
    1-3 megapixels (aspect kept), JPEG quality 90, caption ``captions[copy % 5]``.
    The manifest (JSONL: ``path``, ``caption``, ``key``) is shuffled with the seed so the
    copies of one photo spread over partitions, as in a real crawl.
-2. Runs the same job three ways, each in a fresh subprocess (``--variant a|b|c``), so
-   one variant's memory does not pollute another's. All three run the same assembled
+2. Runs the same job four ways, each in a fresh subprocess (``--variant a|b|c|d``), so
+   one variant's memory does not pollute another's. All four run the same assembled
    ``Pipeline`` (``pipeline.assembly.assemble(spec, ...)``: the datasource, the CPU steps
    ``pipeline.steps``, the model stages ``pipeline.models``, the output schema
    ``pipeline.schema(partition)``) over the same partitions (``pipeline.output.plan.pack`` of
    ``pipeline.datasource.list_inputs()``, as the planner cuts them):
 
-   a. mmpipe: ``run_job(spec)`` on a fresh ``ray.init(address="local",
-      num_cpus=--cores)`` (never another session's cluster), default
-      workers (cores minus the CPUs reserved for the ModelActor); each PartitionWorker
-      runs ``assemble(spec, <its model pools>, pool, setup=True)`` and ``run_partition``.
+   a. mmpipe as ``mmpipe run`` runs it by default (``--executor auto``): with no model
+      stage on GPUs, ``run_job(spec, processes=ProcessWorkers(..., cpus=--cores))``, one
+      worker process per core, spawned before the plan, each loading its own copy of the
+      model (``pipeline.models.local``, a ``BatchServer`` in its threads) and running
+      ``assemble(spec, <its models>, pool, setup=True)`` and ``run_partition``; no Ray.
+   d. mmpipe on Ray (``--executor ray``): ``run_job(spec)`` on a fresh
+      ``ray.init(address="local", num_cpus=--cores)`` (never another session's cluster),
+      default workers (cores minus the CPUs reserved for the ModelActor); each
+      PartitionWorker calls the ModelActor pool.
    b. plain loop, one process: ``run_partition(assemble(spec, local_models(spec), pool,
       setup=True), partition, new_attempt_id(), pool)`` over every partition of the plan
-      (``pipeline.testing.local_models``: the model in this process behind a
+      (``pipeline.models.local``: the model in this process behind a
       ``BatchServer``, which computes in its own threads like a ModelActor); no Ray
       imported. Same Parquet datasink and commit markers as (a).
    c. Ray Data: one block per planned partition (a one-row ``from_arrow`` table holding the
@@ -51,7 +56,8 @@ What it does:
    The spec is examples/quickstart.yaml with the manifest columns, partition_size and
    mode overridden (see ``make_spec``).
 3. Memory: a thread samples /proc every 0.2 s. It sums, over the variant process and
-   all its descendants (for a and c: the Ray processes that ``ray.init`` started -
+   all its descendants (a: its worker processes; c and d: the Ray processes that
+   ``ray.init`` started -
    gcs_server, raylet, dashboard/runtime-env agents, log monitor, and every ``ray::``
    worker), VmRSS and Pss (from smaps_rollup), and keeps the peak of each sum; it also
    keeps each process's VmHWM and reports their sum. Ray processes not descended from
@@ -61,11 +67,12 @@ What it does:
    load, reported per variant. Before each variant the script waits (``--quiet-wait``)
    until other processes use < 0.3 cores, and reruns a variant they disturbed
    (``--busy-retries``), keeping the least disturbed run.
-4. Time: ``wall`` = ray.init (a, c) or nothing (b) + the whole job (planning, model
-   load, processing, writing, commit); ``processing`` = first partition/batch started
-   -> last partition committed (a, b: from the commit markers) or last embedding batch
-   done (c: from the UDFs' call log). records/s = rows / seconds.
-5. Reads the three outputs back (a, b: ``read_committed``, the files the commit markers
+4. Time: ``wall`` = ray.init (c, d), the worker processes' spawn (a) or nothing (b) +
+   the whole job (planning, model load, processing, writing, commit); ``processing`` =
+   first partition/batch started -> last partition committed (a, b, d: from the commit
+   markers) or last embedding batch done (c: from the UDFs' call log). records/s = rows
+   / seconds. Stopping Ray or the worker processes is reported apart (``shutdown``).
+5. Reads the four outputs back (a, b, d: ``read_committed``, the files the commit markers
    name; c: every Parquet file written), checks that the output schemas, rows by status,
    rows by reason, every key's status and every output image's bytes agree, and reports
    the largest difference between text embeddings; prints a markdown summary with ratios
@@ -100,8 +107,8 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the worki
 
 PHOTOS = REPO / "data" / "photos"
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
-VARIANTS = {"a": "mmpipe (run_job on Ray)", "b": "plain loop, 1 process",
-            "c": "Ray Data map_batches"}
+VARIANTS = {"a": "mmpipe run (default executor)", "b": "plain loop, 1 process",
+            "c": "Ray Data map_batches", "d": "mmpipe on Ray (--executor ray)"}
 DEFAULT_TARGET_IMAGES = 600
 SAMPLE_INTERVAL_S = 0.2
 
@@ -209,11 +216,16 @@ def _status_kib(text: str, field: str) -> int:
 
 
 def _label(pid: int, root: int) -> tuple[str, str]:
-    """``(category, label)`` of a process: driver | ray worker | ray system."""
+    """``(category, label)`` of a process: driver | worker process | ray worker | ray system."""
     raw = _read(f"/proc/{pid}/cmdline") or ""
     argv = [a for a in raw.split("\0") if a]
     if pid == root:
         return "driver", "driver"
+    if any("multiprocessing.spawn" in a or "multiprocessing.resource_tracker" in a
+           for a in argv):
+        # ProcessWorkers' PartitionWorkers (and multiprocessing's resource tracker)
+        return "worker process", ("resource tracker" if "resource_tracker" in raw
+                                  else "PartitionWorker process")
     if argv and argv[0].startswith("ray::"):  # "ray::ModelActor.embed(...)" -> "ray::ModelActor"
         return "ray worker", re.sub(r"\.[A-Za-z_]\w*(\(.*\))?$", "", argv[0].split()[0])
     if not argv:
@@ -446,7 +458,36 @@ def plan_partitions(pipeline) -> list:
 
 
 def variant_a(spec, cores: int) -> dict[str, Any]:
-    """mmpipe: ``run_job`` on a local Ray."""
+    """mmpipe as ``mmpipe run`` runs it by default (``--executor auto``, ``cli._processes``):
+    on worker processes (``executors.ProcessWorkers`` with ``--cores`` CPUs, spawned
+    before the plan) when ``executors.needs_ray(spec)`` is empty, else on Ray (variant d)."""
+    from pipeline.runtime.executors import (ProcessWorkers, needs_ray, new_run_id,
+                                            planned_workers)
+    from pipeline.runtime.driver import run_job
+
+    if needs_ray(spec):
+        return variant_d(spec, cores)
+    t0 = time.time()
+    processes = ProcessWorkers(spec.name, new_run_id(), cpus=cores)
+    try:
+        workers = planned_workers(spec, processes)
+        processes.prestart(workers)
+        report = run_job(spec, processes=processes)
+    finally:
+        t = time.time()
+        processes.close()
+        shutdown_s = time.time() - t
+    if not report.complete:
+        raise RuntimeError(f"job incomplete: {report.format()}")
+    return {"job_s": round(report.wall_s, 2), "shutdown_s": round(shutdown_s, 2),
+            "wall_s": round(t - t0, 2), "workers": workers, "executor": "processes",
+            **_marker_window(spec.sink.uri, t0),
+            "rows_by_status": dict(report.rows_by_status),
+            "rows_by_reason": dict(report.rows_by_reason)}
+
+
+def variant_d(spec, cores: int) -> dict[str, Any]:
+    """mmpipe on Ray: ``run_job`` on a fresh local Ray (``mmpipe run --executor ray``)."""
     import ray
 
     from pipeline.runtime.driver import run_job
@@ -508,7 +549,7 @@ def _timed_reads(read_partition, acc: collections.Counter):
 
 def _timed_client(acc: collections.Counter):
     """A ``LocalModelClient`` that adds the time the loop waits on ``result`` to ``acc``."""
-    from pipeline.testing.local_models import LocalModelClient
+    from pipeline.models.local import LocalModelClient
 
     class TimedClient(LocalModelClient):
         def result(self, handle):
@@ -529,7 +570,7 @@ def variant_b(spec, cores: int) -> dict[str, Any]:
     from pipeline.models.registry import enabled_sections
     from pipeline.runtime.partition import new_attempt_id, run_partition
     from pipeline.storage import fs
-    from pipeline.testing.local_models import local_models
+    from pipeline.models.local import local_models
 
     assert "ray" not in sys.modules, "the plain loop must not import ray"
     t0 = time.time()
@@ -683,7 +724,7 @@ class EmbedUDF:
                  timeline: str):
         from pipeline.assembly import assemble
         from pipeline.spec import JobSpec
-        from pipeline.testing.local_models import local_models
+        from pipeline.models.local import local_models
 
         self.spec = JobSpec.model_validate_json(spec_json)
         self.pipeline = assemble(self.spec, local_models(self.spec, batch_server=False))
@@ -784,12 +825,8 @@ def run_variant(args) -> int:
     out_dir = Path(args.output)
     spec = make_spec(manifest, out_dir, args.partition_size, model=not args.no_model)
     try:
-        if args.variant == "a":
-            res = variant_a(spec, args.cores)
-        elif args.variant == "b":
-            res = variant_b(spec, args.cores)
-        else:
-            res = variant_c(spec, args.cores)
+        res = {"a": variant_a, "b": variant_b, "c": variant_c,
+               "d": variant_d}[args.variant](spec, args.cores)
     finally:
         mem = sampler.finish()
     res.update(variant=args.variant, output=str(out_dir), memory=mem)
@@ -801,13 +838,13 @@ def run_variant(args) -> int:
 
 def read_output(kind: str, out_dir: Path) -> tuple[dict[str, dict[str, Any]], Any]:
     """``(key -> {status, reason, image sha256, embedding}, schema)`` of one variant's
-    output: (a, b) the committed output (``read_committed``: the data files the commit
+    output: (a, b, d) the committed output (``read_committed``: the data files the commit
     markers name), (c) every Parquet file Ray Data wrote."""
     import numpy as np
     import pyarrow.parquet as pq
 
     columns = ["key", "status", "reject_reason", "image", "text_embedding"]
-    if kind in ("a", "b"):
+    if kind in ("a", "b", "d"):
         from pipeline.read import committed_files, read_committed
 
         schema = pq.read_schema(committed_files(str(out_dir))[0])
@@ -940,7 +977,7 @@ def summary_markdown(results: dict[str, dict], counts: dict[str, dict], base: st
                    f"{ratio(r['memory']['cpu']['our_cpu_s'], b['memory']['cpu']['our_cpu_s'])} | "
                    f"{r['memory']['cpu']['others_cores']:.2f} |")
     out += ["", "| variant | peak Σ RSS MiB | vs (b) | peak Σ PSS MiB | vs (b) | Σ VmHWM MiB | "
-            "processes | at the RSS peak: driver / Ray workers / Ray system MiB |",
+            "processes | at the RSS peak: driver / workers (Ray or processes) / Ray system MiB |",
             "|---|---:|---:|---:|---:|---:|---:|---|"]
     bm = b["memory"]
     for v, r in results.items():
@@ -949,7 +986,8 @@ def summary_markdown(results: dict[str, dict], counts: dict[str, dict], base: st
         out.append(f"| ({v}) {VARIANTS[v]} | {m['peak_rss_mib']:.0f} | "
                    f"{ratio(m['peak_rss_mib'], bm['peak_rss_mib'])} | {m['peak_pss_mib']:.0f} | "
                    f"{ratio(m['peak_pss_mib'], bm['peak_pss_mib'])} | {m['sum_hwm_mib']:.0f} | "
-                   f"{m['processes_seen']} | {cat.get('driver', 0)} / {cat.get('ray worker', 0)} / "
+                   f"{m['processes_seen']} | {cat.get('driver', 0)} / "
+                   f"{cat.get('ray worker', 0) + cat.get('worker process', 0)} / "
                    f"{cat.get('ray system', 0)} |")
     out += ["", "| variant | rows | ok | rejected | of which duplicate | error |",
             "|---|---:|---:|---:|---:|---:|"]
@@ -1053,7 +1091,7 @@ def orchestrate(args) -> int:
     for v in args.variants.split(","):
         v = v.strip()
         if v not in VARIANTS:
-            raise SystemExit(f"unknown variant {v!r} (a, b or c)")
+            raise SystemExit(f"unknown variant {v!r} (a, b, c or d)")
         best = None
         outputs_made = []
         for attempt in range(1 + args.busy_retries):
@@ -1118,7 +1156,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="data set, outputs and results (default bench/out, git-ignored)")
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
                    help="ray.init(num_cpus=...) for a and c; also the data set build processes")
-    p.add_argument("--variants", default="a,b,c", help="comma-separated subset of a,b,c")
+    p.add_argument("--variants", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
     p.add_argument("--partition-size", type=int, default=100, help="source.partition_size")
     p.add_argument("--seed", type=int, default=0, help="data set seed")
     p.add_argument("--no-model", action="store_true",

@@ -115,23 +115,22 @@ def _run(args, spec, address: str, processes) -> int:
 
 
 def _processes(args, spec, address: str):
-    """``--executor``: ``auto`` is ``processes`` for a local run with no model stage, no
-    dataset-wide dedup pass and no ``--dashboard`` (Ray's start-up and shutdown, about 4 s,
-    would be most of a small job), else ``ray``. For ``processes``, the worker processes
-    (``executors.ProcessWorkers``), already spawning; None for Ray. An explicit
-    ``processes`` that the run cannot honour is a ``SpecError`` naming what needs Ray."""
-    from pipeline.models.registry import enabled_sections
+    """``--executor``: ``auto`` is ``processes`` for a local run with no model stage on
+    GPUs, no dataset-wide dedup pass and no ``--dashboard`` (Ray's start-up and shutdown,
+    4-7 s, would be most of a small job; CPU models load in each worker process), else
+    ``ray``. For ``processes``, the worker processes (``executors.ProcessWorkers``),
+    already spawning; None for Ray. An explicit ``processes`` that the run cannot honour
+    is a ``SpecError`` naming what needs Ray."""
+    from pipeline.runtime.executors import ProcessWorkers, needs_ray, new_run_id, planned_workers
 
-    needs_ray = [*(f"{s}.enabled" for s in enabled_sections(spec)),
-                 *(["dedup.dataset.enabled"] if spec.dedup.dataset.enabled else []),
-                 *(["--dashboard"] if args.dashboard else []),
-                 *([f"--address {address}"] if address != "local" else [])]
-    if args.executor == "processes" and needs_ray:
+    ray_only = [*needs_ray(spec),
+                *(["--dashboard"] if args.dashboard else []),
+                *([f"--address {address}"] if address != "local" else [])]
+    if args.executor == "processes" and ray_only:
         raise SpecError(f"--executor processes runs partition workers without Ray; this run "
-                        f"needs Ray for {', '.join(needs_ray)}", "--executor", "processes")
-    if args.executor == "ray" or (args.executor == "auto" and needs_ray):
+                        f"needs Ray for {', '.join(ray_only)}", "--executor", "processes")
+    if args.executor == "ray" or (args.executor == "auto" and ray_only):
         return None
-    from pipeline.runtime.executors import ProcessWorkers, new_run_id, planned_workers
 
     processes = ProcessWorkers(spec.name, new_run_id(), verbose=getattr(args, "verbose", False))
     processes.prestart(planned_workers(spec, processes))   # at most one per CPU
@@ -429,9 +428,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "local Ray (on 127.0.0.1) and print its URL")
     p.add_argument("--executor", choices=["auto", "ray", "processes"], default="auto",
                    help="where partition workers run: `ray` actors, or `processes` of this "
-                   "machine without starting Ray (no model stages, no dataset-wide dedup "
-                   "pass, no --dashboard); `auto` (default) takes processes for a local run "
-                   "that allows them, else Ray")
+                   "machine without starting Ray (each loads its own CPU copy of the job's "
+                   "models; no model on GPUs, no dataset-wide dedup pass, no --dashboard); "
+                   "`auto` (default) takes processes for a local run that allows them, "
+                   "else Ray")
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="debug logging, and worker log lines shown here (else only in the "
                    "log directory printed at start)")

@@ -271,3 +271,14 @@ class BatchServer:
                                 if s["submit_waits"] else None),
             max_rows=self.max_rows)
         return out
+
+
+def server_stats(server: BatchServer, name: str, section: str, load_s: float,
+                 started: float) -> dict[str, Any]:
+    """One model replica's statistics for the job report: the server's ``stats()``, its
+    backend's media counters and who it is (``name``, ``section``, backend, description),
+    ``load_s`` (seconds to load it) and ``alive_s`` (since ``started``, a ``time.time()``)."""
+    backend = server.backend
+    return dict(server.stats(), **backend.media_stats(), name=name, model=section,
+                backend=backend.info.backend, description=backend.info.description,
+                load_s=round(load_s, 2), alive_s=round(time.time() - started, 2))

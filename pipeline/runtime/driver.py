@@ -25,9 +25,9 @@ from pipeline.errors import PartitionError
 from pipeline.storage import fs, retry
 from pipeline.output import plan as planning
 from pipeline.output.checkpoint import CheckpointStore
-from pipeline.models.registry import check_models, enabled_sections
-from pipeline.runtime.executors import (ProcessWorkers, RayWorkers, WorkerLost, new_run_id,
-                                        planned_workers)
+from pipeline.models.registry import check_models
+from pipeline.runtime.executors import (ProcessWorkers, RayWorkers, WorkerLost, needs_ray,
+                                        new_run_id, planned_workers)
 from pipeline.runtime.metrics import DriverMetrics, job_namespace
 from pipeline.runtime.partition import AttemptOutcome, new_attempt_id
 from pipeline.runtime.output_session import OutputSession, open_output
@@ -58,9 +58,9 @@ def run_job(spec: JobSpec, run_id: str | None = None,
     """
     t0 = time.time()
     run_id = processes.run_id if processes is not None else run_id or new_run_id()
-    if processes is not None and enabled_sections(spec):
-        raise ValueError(f"worker processes run no model stages; the spec enables "
-                         f"{', '.join(enabled_sections(spec))}: run it on Ray")
+    if processes is not None and needs_ray(spec):
+        raise ValueError(f"worker processes cannot run {', '.join(needs_ray(spec))}: "
+                         f"run it on Ray")
     fs.configure(**spec.storage.model_dump())  # first: assembling may read (flagged words)
     pipeline = assemble(spec)  # unbound models: the fingerprint, the datasource, the checks
     fp = pipeline.fingerprint
@@ -153,6 +153,9 @@ def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
             from pipeline.runtime.model_pool import model_stats
 
             report.model_actors = model_stats(pools)  # not after a stop: it waits on them
+        else:   # worker processes' own model copies, as of their last attempt
+            report.model_actors = [s for worker in sorted(scheduler.model_stats)
+                                   for s in scheduler.model_stats[worker]]
     except KeyboardInterrupt:  # a stop: the partitions in flight may still have committed
         # every partition handed out and not yet counted (the stop may come between taking
         # a finished attempt off the in-flight list and counting its marker)
@@ -214,6 +217,7 @@ class _Scheduler:
         self.start_failures: collections.Counter = collections.Counter()  # in a row, per index
         self.next_index = 0
         self.last_scale = 0.0
+        self.model_stats: dict[int, list[dict]] = {}  # worker -> its own models' statistics
 
     def wanted(self) -> int:
         """Workers this run can use now: one per partition queued or in flight, capped by
@@ -266,6 +270,8 @@ class _Scheduler:
                 self._failed(i, pid, attempt, e)
                 continue
             self.idle.append(i)
+            if outcome is not None and outcome.models:
+                self.model_stats[i] = outcome.models
             self._done(pid, outcome)
 
     def _wait_one(self) -> list:

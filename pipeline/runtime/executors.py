@@ -9,11 +9,15 @@ of these two backends, which offer the same handful of operations:
   ``runtime.worker_resources`` free; model stages are Ray actor pools the workers call.
   The engine for clusters, model stages, the dashboard and the dataset-wide dedup pass.
 - ``ProcessWorkers``: each worker a child process of the driver (``multiprocessing``,
-  ``spawn``), talking over a pipe; no Ray is started. For a local job without model
-  stages it removes Ray's fixed cost (about 2.5 s of ``ray.init`` and 1.2 s of
-  ``ray.shutdown`` on a 2-core machine, bench/peers.py) while every partition still runs
-  the same ``PartitionWorker`` code and commit protocol. One worker per CPU this process
-  may run on (``os.sched_getaffinity``), each capped to one CPU's threads.
+  ``spawn``), talking over a pipe; no Ray is started. For a local job it removes Ray's
+  fixed cost (about 2.5 s of ``ray.init`` and 1.2 s of ``ray.shutdown`` on a 2-core
+  machine, bench/peers.py; 5-6 s with a model stage, bench/throughput.py) while every
+  partition still runs the same ``PartitionWorker`` code and commit protocol. One worker
+  per CPU this process may run on (``os.sched_getaffinity``), each capped to one CPU's
+  threads; a job with CPU model stages loads each model in every worker process
+  (``models.local``: a ``BatchServer`` in the worker's own threads, as the plain loop
+  does), so memory grows with the workers by one copy of each model. ``needs_ray`` names
+  what only Ray runs.
 
 A call returns a *ref*; ``wait(refs, timeout)`` returns those that finished and ``get(ref)``
 their value, raising ``WorkerLost`` when the worker died (a killed process, a lost node,
@@ -31,17 +35,31 @@ import os
 import pickle
 import signal
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 KILL_GRACE_S = 5.0  # seconds to wait for a killed worker process to be reaped
+EXIT_GRACE_S = 2.0  # seconds a worker process whose pipe was closed has to exit by itself
 
 
 def new_run_id() -> str:
     """A fresh run id: 8 hex digits, unique per ``run_job`` call in practice."""
     return uuid.uuid4().hex[:8]
+
+
+def needs_ray(spec) -> list[str]:
+    """The spec's settings that worker processes cannot honour, each as ``field=value``:
+    a model section on GPUs (``num_gpus`` > 0: GPU model actors are shared by the
+    workers) and the dataset-wide dedup pass (Ray tasks). Empty: the job may run on
+    ``ProcessWorkers``, each worker with its own CPU copy of every enabled model."""
+    from pipeline.models.registry import enabled_sections
+
+    return [*(f"{s}.num_gpus={getattr(spec, s).num_gpus:g}" for s in enabled_sections(spec)
+              if getattr(spec, s).num_gpus > 0),
+            *(["dedup.dataset.enabled=true"] if spec.dedup.dataset.enabled else [])]
 
 
 def planned_workers(spec, processes: ProcessWorkers | None) -> int:
@@ -274,10 +292,9 @@ class ProcessWorkers:
         return value
 
     def kill(self, handle: _Process) -> None:
+        """Stop a worker: ``_stop``."""
         self.live.pop(id(handle), None)
-        handle.process.kill()
-        handle.process.join(KILL_GRACE_S)
-        handle.conn.close()
+        _stop([handle])
 
     def fits_now(self) -> int:
         return max(0, self.capacity - len(self.live))
@@ -295,10 +312,25 @@ class ProcessWorkers:
         return RuntimeError(f"PartitionWorker-{index} did not start in {waited_s:g} s")
 
     def close(self) -> None:
-        """Kill the worker processes still running, spare ones included."""
-        for worker in [*self.live.values(), *self.spare]:
-            self.kill(worker)
+        """Stop the worker processes still running, spare ones included (``_stop``)."""
+        _stop([*self.live.values(), *self.spare])
+        self.live.clear()
         self.spare.clear()
+
+
+def _stop(workers: list[_Process]) -> None:
+    """Close each worker's pipe, so an idle one returns from ``serve`` and exits normally
+    (its ``multiprocessing`` finalizers run: no "leaked semaphore" warning at the driver's
+    exit); kill those still running after ``EXIT_GRACE_S`` (a busy or hung attempt)."""
+    for worker in workers:
+        worker.conn.close()
+    deadline = time.monotonic() + EXIT_GRACE_S
+    for worker in workers:
+        worker.process.join(max(0.0, deadline - time.monotonic()))
+    for worker in workers:
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join(KILL_GRACE_S)
 
 
 def serve(conn, log_file: str | None) -> None:
@@ -323,7 +355,7 @@ def serve(conn, log_file: str | None) -> None:
         _log_to(worker_log)
         _drop_log(log_file)
     try:
-        worker = PartitionWorker(spec_json, fingerprint, index, [], run_id)
+        worker = PartitionWorker(spec_json, fingerprint, index, [], run_id, own_models=True)
     except Exception as e:  # noqa: BLE001 - reported to the driver, which starts another
         conn.send(("lost", f"{type(e).__name__}: {e}"))
         return

@@ -114,10 +114,9 @@ class ModelActor:
         return self.backend.info
 
     def get_stats(self) -> dict[str, Any]:
-        return dict(self.server.stats(), **self.backend.media_stats(), name=self.name,
-                    model=self.section,
-                    backend=self.backend.info.backend, description=self.backend.info.description,
-                    load_s=round(self.load_s, 2), alive_s=round(time.time() - self.started, 2))
+        from pipeline.models.serving import server_stats
+
+        return server_stats(self.server, self.name, self.section, self.load_s, self.started)
 
     def __repr__(self) -> str:
         return f"ModelActor({getattr(self, 'name', 'starting')})"

@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from pipeline import __version__
 from pipeline.assembly import Pipeline
@@ -40,11 +41,14 @@ log = logging.getLogger(__name__)
 class AttemptOutcome:
     """An attempt's ``marker``, whether it ``committed`` (False: another attempt of the
     partition committed first, and this one deleted its files), and its ``rows`` by typed
-    ``(status, reason)`` (for the metrics)."""
+    ``(status, reason)`` (for the metrics). ``models``: a worker with its own copies of
+    the models (a worker process) adds their statistics so far, one dict per model in
+    the form of ``ModelActor.get_stats`` (for the job report)."""
 
     marker: CommitMarker
     committed: bool
     rows: dict[tuple[str, str], int]
+    models: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def new_attempt_id() -> str:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import time
@@ -24,14 +25,16 @@ class PartitionWorker:
     """Assembles the pipeline once (models bound to the pools), then runs
     ``run(partition, attempt_id)`` calls one by one.
 
-    ``model_pools`` are the started ``ModelPool``s (empty when no model step is enabled);
+    ``model_pools`` are the started ``ModelPool``s (empty when no model step is enabled,
+    or with ``own_models``: a worker process loads each enabled model itself, on CPU,
+    served by a ``BatchServer`` in its own threads - ``models.local``);
     ``fingerprint`` is the driver's, checked against this worker's assembly; ``run_id``
     the driver's run id, recorded in each commit marker's ``ran_on``. Storage settings
     (endpoint, region, retries) come from the spec, never this process's environment.
     """
 
     def __init__(self, spec_json: str, fingerprint: str, index: int, model_pools: list,
-                 run_id: str = ""):
+                 run_id: str = "", own_models: bool = False):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         job_env.apply()  # `mmpipe submit --env` values, before storage is configured
         self.spec = JobSpec.model_validate_json(spec_json)
@@ -58,6 +61,15 @@ class PartitionWorker:
             from pipeline.runtime.model_pool import worker_models
 
             models = worker_models(model_pools, index, wrap=self.metrics.count_model_calls)
+        elif own_models:  # a worker process: its own copy of each model, on this CPU
+            from pipeline.models.local import local_models
+
+            t0 = time.time()
+            loaded = local_models(self.spec)
+            self.own_models = {s: client.server for s, (client, _) in loaded.items()}
+            self.models_loaded = (time.time() - t0, time.time())
+            models = {section: (self.metrics.count_model_calls(client), info)
+                      for section, (client, info) in loaded.items()}
         self.pipeline = assemble(self.spec, models, self.step_pool, setup=True)
         if self.pipeline.fingerprint != fingerprint:
             raise RuntimeError(f"worker assembled fingerprint {self.pipeline.fingerprint}, "
@@ -90,10 +102,23 @@ class PartitionWorker:
         finally:
             self.current = "idle"
         self.metrics.partition_done(out, time.perf_counter() - started)
+        if getattr(self, "own_models", None):
+            out = dataclasses.replace(out, models=self.model_stats())
         log.info("partition %s: attempt %s %s in %.2fs", partition.partition_id, attempt_id,
                  f"committed {out.marker.rows_in} records" if out.committed
                  else "lost the commit race", out.marker.duration_s)
         return out
+
+    def model_stats(self) -> list[dict]:
+        """The statistics of this worker's own model copies (``serving.server_stats``,
+        named ``PartitionWorker-<i>/<section>``); empty on Ray, where the model actors
+        report theirs."""
+        from pipeline.models.serving import server_stats
+
+        load_s, started = getattr(self, "models_loaded", (0.0, 0.0))
+        return [server_stats(server, f"PartitionWorker-{self.index}/{section}", section,
+                             load_s, started)
+                for section, server in getattr(self, "own_models", {}).items()]
 
     def ping(self) -> bool:
         return True

@@ -2,6 +2,4 @@
 
 * ``seaweedfs``: a real S3 server (SeaweedFS ``weed mini``) on 127.0.0.1.
 * ``tiny_models``: small random-initialised checkpoints of the real architectures.
-* ``local_models``: model clients that run a backend in this process (plain loops,
-  tests), in place of the ``ModelActor`` pools.
 """

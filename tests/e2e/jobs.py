@@ -22,6 +22,7 @@ def mmpipe_run(out: str, home: Path, extra_env: dict | None = None, input_uri: s
     """Start the quickstart job (19 partitions of 3, one worker) writing to ``out``."""
     cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml",
            "--address", "local",                 # a new local Ray even if others are running
+           "--executor", "ray",                  # the Ray path (worker processes: test_process_executor)
            "--output", out, "--set", "source.partition_size=3",
            "--set", "runtime.num_workers=1", "--set", "runtime.batch_size=3"]
     if input_uri:

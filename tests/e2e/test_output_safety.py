@@ -211,7 +211,8 @@ def test_gc_every_second_during_a_job_on_s3(s3_server, s3_env, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml", "--address",
-           "local", "--output", out, "--input", f"s3://{s3_env}/photos/captions.jsonl",
+           "local", "--executor", "ray", "--output", out,
+           "--input", f"s3://{s3_env}/photos/captions.jsonl",
            "--set", "source.partition_size=3", "--set", "runtime.num_workers=1",
            "--set", "runtime.batch_size=3", "--set", "runtime.lease_s=2",
            "--set", "runtime.lease_renew_s=0.5"]

@@ -11,7 +11,7 @@ from pipeline.assembly import assemble
 from pipeline.output import plan as planning
 from pipeline.runtime.partition import run_partition
 from pipeline.spec import JobSpec
-from pipeline.testing.local_models import LocalModelClient, local_models
+from pipeline.models.local import LocalModelClient, local_models
 from tests.conftest import REPO
 
 

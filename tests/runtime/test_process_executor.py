@@ -1,5 +1,5 @@
-"""``mmpipe run`` without Ray (issue 32, item 1): a local job with no model stage runs its
-partitions in worker processes of the driver (``--executor auto``, the default, or
+"""``mmpipe run`` without Ray (issue 32, items 1 and 4): a local job with no model stage on
+GPUs runs its partitions in worker processes of the driver (``--executor auto``, the default, or
 ``processes``), through the same ``PartitionWorker``, scheduler and commit protocol as on
 Ray. Real runs of the bundled photos (57 records, 4 partitions of 15)."""
 
@@ -94,13 +94,48 @@ def test_a_hung_attempt_is_cancelled_after_the_attempt_timeout(tmp_path):
     assert sorted(CheckpointStore(str(out)).markers()) == ["p-000000", "p-000001", "p-000003"]
 
 
+def test_auto_runs_the_minilm_job_in_worker_processes_with_the_embeddings_of_model_actors(
+        tmp_path):
+    """A CPU model stage no longer needs Ray: each worker process loads MiniLM itself and
+    the committed embeddings are those of the ModelActor path, row for row."""
+    home = tmp_path / "home"
+    home.mkdir()
+    procs = mmpipe_run(tmp_path / "processes", home, "--set", "runtime.num_workers=2")
+    assert procs.returncode == 0, procs.stdout + procs.stderr
+    assert "(worker processes, no Ray)" in procs.stderr
+    assert not (home / ".ray").exists()
+    logs = [line.split("worker logs: ")[1].split(" ")[0] for line in procs.stderr.splitlines()
+            if "worker logs: " in line]
+    loaded = [p for p in Path(logs[0]).glob("PartitionWorker-*.log")
+              if "Loading SentenceTransformer model" in p.read_text()]
+    assert len(loaded) == 2   # one copy of the model in each worker process
+    on_ray = mmpipe_run(tmp_path / "ray", home, "--executor", "ray", "--address", "local")
+    assert on_ray.returncode == 0, on_ray.stdout + on_ray.stderr
+
+    def embeddings(out: Path) -> dict[str, list | None]:
+        table = read_output(str(out), ["key", "text_embedding"]).to_table()
+        return dict(zip(table["key"].to_pylist(), table["text_embedding"].to_pylist()))
+
+    got, want = embeddings(tmp_path / "processes"), embeddings(tmp_path / "ray")
+    assert got.keys() == want.keys() and len(got) == 57
+    assert {k for k, v in got.items() if v is None} == {k for k, v in want.items() if v is None}
+    embedded = [k for k, v in want.items() if v is not None]
+    assert len(embedded) == 57 and len(want[embedded[0]]) == 384
+    diff = max(abs(a - b) for k in embedded for a, b in zip(got[k], want[k]))
+    assert diff < 1e-5, diff
+
+
 def test_processes_are_refused_where_the_run_needs_ray(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    run = mmpipe_run(tmp_path / "out", home, "--executor", "processes")  # MiniLM enabled
+    run = mmpipe_run(tmp_path / "out", home, "--executor", "processes",
+                     "--set", "text_embedding.num_gpus=1")
     assert run.returncode == 2, run.stdout + run.stderr
-    assert "--executor" in run.stderr and "text_embedding.enabled" in run.stderr
+    assert "--executor" in run.stderr and "text_embedding.num_gpus=1" in run.stderr
     assert not (tmp_path / "out").exists()     # refused before anything was written
+    run = mmpipe_run(tmp_path / "out", home, "--executor", "processes",
+                     "--set", "dedup.dataset.enabled=true")
+    assert run.returncode == 2 and "dedup.dataset.enabled=true" in run.stderr, run.stderr
 
 
 def test_the_report_json_of_a_process_run_counts_every_row(tmp_path):

@@ -90,7 +90,8 @@ def test_an_outage_past_outage_s_exits_3_naming_the_storage(s3_server, s3_env, t
     out = f"s3://{s3_env}/gives-up"
     proxy = FaultProxy(s3_server.port, fault_rate=0.0)
     cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml", "--address",
-           "local", "--input", f"s3://{s3_env}/photos/captions.jsonl", "--output", out,
+           "local", "--executor", "ray", "--input", f"s3://{s3_env}/photos/captions.jsonl",
+           "--output", out,
            "--set", "source.partition_size=3", "--set", "runtime.num_workers=1",
            "--set", "runtime.batch_size=3", "--set", "runtime.max_attempts=1",
            "--set", "storage.outage_s=4", "--set", "storage.max_attempts=2"]

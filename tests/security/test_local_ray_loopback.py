@@ -39,7 +39,7 @@ def _run(tmp_path: Path, home: Path) -> subprocess.Popen:
     env = clean_ray_env(HOME=str(home), HF_HUB_OFFLINE="1")
     env.pop(local_ray.CLUSTER_ENV, None)                # as in a user's shell
     cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml",
-           "--address", "local", "--output", str(tmp_path / "out"),
+           "--address", "local", "--executor", "ray", "--output", str(tmp_path / "out"),
            "--set", "source.partition_size=3", "--set", "runtime.num_workers=1",
            "--set", "runtime.batch_size=3"]
     return subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,

@@ -407,7 +407,7 @@ def test_a_clip_score_filter_with_bound_tiny_models_rejects_before_captioning(
 
     from pipeline.output import plan as planning
     from pipeline.runtime.partition import run_partition
-    from pipeline.testing.local_models import local_models
+    from pipeline.models.local import local_models
 
     pool = ThreadPoolExecutor(2)
 

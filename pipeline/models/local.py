@@ -1,4 +1,5 @@
-"""In-process model clients, for the plain-loop baseline and tests (no Ray).
+"""In-process models: each worker process's own copy (``executors.ProcessWorkers``), the
+plain-loop baseline and tests; no Ray.
 
 ``local_models(spec)`` loads every enabled model section's backend in this process and
 returns what ``assembly.assemble(spec, models)`` takes: section -> ``(client, ModelInfo)``.
