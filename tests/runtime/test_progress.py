@@ -165,7 +165,7 @@ def test_run_without_an_address_starts_its_own_ray_never_joins_one(monkeypatch):
     monkeypatch.setattr(local_ray, "shutdown", lambda session: None)
     monkeypatch.setattr("pipeline.runtime.preflight.preflight",
                         lambda spec: Preflight(None, nothing_to_run=False))
-    args = ["run", "examples/quickstart.yaml", "--output", "/nonexistent/out"]
+    args = ["run", "examples/quickstart.yaml", "--executor", "ray", "--output", "/nonexistent/out"]
     assert cli.main(args) == 130 and seen == ["local"]
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")
     assert cli.main(args) == 130 and seen == ["local", "127.0.0.1:6390"]
