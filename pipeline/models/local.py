@@ -42,10 +42,14 @@ def local_models(spec: JobSpec, device: str = "cpu", batch_server: bool = True,
     class (tests wrap it to count calls).
     """
     from pipeline.models.registry import enabled_sections, load_backend
+
+    sections = enabled_sections(spec)
+    if not sections:   # a model-less job loads nothing (the serving module included)
+        return {}
     from pipeline.models.serving import BatchServer
 
     out = {}
-    for section in enabled_sections(spec):
+    for section in sections:
         backend = load_backend(section, spec, device)
         serving = getattr(spec, section)
         server = (BatchServer(backend, serving.batch_size, batch_wait_s=serving.batch_wait_s)
