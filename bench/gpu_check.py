@@ -306,7 +306,7 @@ def main() -> int:
               torch.cuda.get_device_name(0) if gpu else "cpu", "cpus": cpus,
               "torch": torch.__version__, "models": models, "gpu_util_source": sampler.source,
               "checks": {}, "cpu_pipeline": {}}
-    ray.init(num_cpus=cpus, num_gpus=1 if gpu else 0, include_dashboard=False,
+    ray.init(address="local", num_cpus=cpus, num_gpus=1 if gpu else 0, include_dashboard=False,
              logging_level=logging.WARNING, _node_ip_address="127.0.0.1",
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}})
 

@@ -107,7 +107,7 @@ def child_resume(n: int, endpoint: str) -> dict:
         return wrapper
 
     spec = _spec(n, endpoint)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
              runtime_env={"env_vars": {k: os.environ[k] for k in os.environ
                                        if k.startswith("AWS_")}})
     marks: dict = {}

@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline import package_version
+from pipeline import package_version, plugins
 from pipeline.columns import (
     COLUMNS,
     ERROR,
@@ -47,7 +47,7 @@ from pipeline.dedup.index import IndexDatasink
 from pipeline.errors import AssemblyError
 from pipeline.input import make_datasource
 from pipeline.input.base import Datasource
-from pipeline.output.sinks.base import Datasink
+from pipeline.output.sinks.base import Datasink, FileDatasink
 from pipeline.output.sinks.parquet import ParquetDatasink
 from pipeline.output.sinks.quarantine import QuarantineDatasink
 from pipeline.output.sinks.webdataset import WebDatasetDatasink
@@ -100,6 +100,7 @@ class Pipeline:
     steps: list[Step]
     models: ModelStages
     datasinks: list[Datasink]
+    plugins: list[plugins.Plugin] = dataclasses.field(default_factory=list)
 
     @property
     def parts(self) -> list[Step]:
@@ -135,10 +136,22 @@ class Pipeline:
                 "mmpipe.spec": self.spec.model_dump_json()}
 
     def settings(self) -> dict[str, Any]:
-        """The output-affecting settings of every part, in pipeline order."""
-        return {"datasource": self.datasource.settings(),
-                "steps": {p.name: p.settings() for p in self.parts},
-                "datasinks": {s.name: s.settings() for s in self.datasinks}}
+        """The output-affecting settings of every part, in pipeline order; with plugins,
+        also ``plugins``: spec field -> ``Plugin.identity()`` (class, package version,
+        ``with``)."""
+        out = {"datasource": self.datasource.settings(),
+               "steps": {p.name: p.settings() for p in self.parts},
+               "datasinks": {s.name: s.settings() for s in self.datasinks}}
+        if self.plugins:
+            out["plugins"] = {p.field: p.identity() for p in self.plugins}
+        return out
+
+    def label(self, part: Any) -> str:
+        """A part's name for messages; a plugin's adds its spec field and class:
+        ``WordCountStep (steps[0]: my_pkg:WordCountStep)``."""
+        name = getattr(part, "name", type(part).__name__)
+        found = next((p for p in self.plugins if type(part) is p.cls), None)
+        return f"{name} ({found.field}: {found.path})" if found else name
 
     def explain(self) -> str:
         """The assembled pipeline as text (``mmpipe validate --explain``): the datasource,
@@ -174,6 +187,8 @@ class Pipeline:
         lines.append("datasinks")
         for s in self.datasinks:
             lines.append(f"  {s.name} -> {s.directory}/  settings {show(s.settings())}")
+        if self.plugins:
+            lines += ["plugins"] + [f"  {p.field}: {p.describe()}" for p in self.plugins]
         lines.append("output columns (then the datasource's carried columns)")
         typed = {}
         for p in self.parts:
@@ -193,8 +208,9 @@ class Pipeline:
 
 
 def _cpu_steps(spec: JobSpec, geometries: list, signals: SignalFilters | None = None,
-               source_writes: tuple[str, ...] = ()) -> list[Step]:
-    """Images: caption, decode, filter, hash, dedup, added steps, signal filters on CPU
+               source_writes: tuple[str, ...] = (), user: list[Step] = ()) -> list[Step]:
+    """Images: caption, decode, filter, hash, dedup, added steps, the ``user`` (plugin)
+    steps, signal filters on CPU
     columns, model inputs (if a model takes images), resize. Video: caption, video decode
     (sha256 of the file, pHash of a mosaic of frames, frames within
     runtime.max_batch_bytes), filter, dedup, added steps, signal filters, model inputs (an
@@ -202,6 +218,7 @@ def _cpu_steps(spec: JobSpec, geometries: list, signals: SignalFilters | None = 
     takes_images = (spec.image_embedding.enabled or spec.captioning.enabled
                     or spec.image_classification.enabled)
     added = [s for s in (factory(spec) for factory in STEP_FACTORIES) if s is not None]
+    added += user
     inputs = [ModelInputStep(geometries)] if takes_images else []
     if spec.source.media == "video":
         head: list[Step] = [CaptionStep(spec.captions),
@@ -276,6 +293,21 @@ def _datasinks(spec: JobSpec) -> list[Datasink]:
                     if s is not None]
 
 
+def _load_plugins(spec: JobSpec) -> list[plugins.Plugin]:
+    """The plugin classes ``spec`` names (``pipeline.plugins``), imported: the datasource
+    (``source``), the steps (``steps[i]``), the datasinks (``sink.datasinks[i]``). Raises
+    ``SpecError`` naming the field and the value when one cannot be loaded."""
+    found = []
+    if spec.source.kind == "plugin":
+        found.append(plugins.load(spec.source.uses, plugins.DATASOURCES, Datasource, "source",
+                                  spec.source.with_))
+    found += [plugins.load(s.uses, plugins.STEPS, Step, f"steps[{i}]", s.with_)
+              for i, s in enumerate(spec.steps)]
+    return found + [plugins.load(s.uses, plugins.DATASINKS, FileDatasink,
+                                 f"sink.datasinks[{i}]", s.with_)
+                    for i, s in enumerate(spec.sink.datasinks)]
+
+
 def assemble(spec: JobSpec, models: dict[str, tuple] | None = None,
              executor: Executor | None = None, setup: bool = False) -> Pipeline:
     """Assemble the pipeline of ``spec``.
@@ -285,6 +317,10 @@ def assemble(spec: JobSpec, models: dict[str, tuple] | None = None,
     the fingerprint, the listing and the checks, not to run). ``executor``: threads for
     row steps. ``setup``: call every step's ``setup()``.
 
+    Plugins (``source.kind: plugin``, ``steps``, ``sink.datasinks``) are imported and
+    built here, in every process that assembles (driver and workers); one that cannot be
+    imported or built is a ``SpecError`` naming its field (``steps[0].uses``).
+
     Raises ``AssemblyError`` if a part writes or reads an undeclared column, reads a
     column no earlier part writes (``_check_reads``), or a model is missing; ``SpecError``
     naming ``filters.signals[i]`` for a signal filter on a column this pipeline does not
@@ -292,9 +328,15 @@ def assemble(spec: JobSpec, models: dict[str, tuple] | None = None,
     """
     geometries = [info.image for _, info in (models or {}).values() if info.image is not None]
     signals = SignalFilters(spec.filters)   # calibrated thresholds resolved here (driver first)
-    source = make_datasource(spec.source, spec.decode, spec.download, spec.video)
-    pipeline = Pipeline(spec, source, _cpu_steps(spec, geometries, signals, source.writes),
-                        _model_stages(spec, models, signals), _datasinks(spec))
+    loaded = _load_plugins(spec)
+    made = {p.field: p for p in loaded}
+    source = (made["source"].make(spec.source, spec.decode, spec.download, spec.video)
+              if "source" in made else
+              make_datasource(spec.source, spec.decode, spec.download, spec.video))
+    user = [p.make() for p in loaded if p.field.startswith("steps[")]
+    sinks = [p.make(spec.sink.uri) for p in loaded if p.field.startswith("sink.")]
+    pipeline = Pipeline(spec, source, _cpu_steps(spec, geometries, signals, source.writes, user),
+                        _model_stages(spec, models, signals), _datasinks(spec) + sinks, loaded)
     signals.check_placed(pipeline.writes)
     _check_declared(pipeline)
     _check_reads(pipeline)
@@ -314,10 +356,9 @@ def _check_declared(pipeline: Pipeline) -> None:
             try:
                 lookup(name)
             except KeyError as e:
-                owner = getattr(part, "name", type(part).__name__)
                 verb = "writes" if name in part.writes else "reads"
-                raise AssemblyError(f"{owner} {verb} {name!r}, which is not declared in "
-                                    "pipeline.columns") from e
+                raise AssemblyError(f"{pipeline.label(part)} {verb} {name!r}, which is not "
+                                    "declared in pipeline.columns") from e
 
 
 def _check_reads(pipeline: Pipeline) -> None:
@@ -330,7 +371,8 @@ def _check_reads(pipeline: Pipeline) -> None:
             if name not in written:
                 where = ("no part writes it" if name not in pipeline.writes else
                          "it is written only by a later part")
-                raise AssemblyError(f"{part.name} reads {name!r}, which no earlier part writes "
+                raise AssemblyError(f"{pipeline.label(part)} reads {name!r}, which no earlier "
+                                    "part writes "
                                     f"({where}; written before it: {sorted(written)})")
         written |= set(part.writes)
 

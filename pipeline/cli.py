@@ -1,5 +1,5 @@
-"""Command line: ``mmpipe validate | run | status | ls | gc | spec | dedup | export |
-calibrate | submit | logs | stop``.
+"""Command line: ``mmpipe validate | run | metrics | status | ls | gc | spec | dedup |
+export | calibrate | submit | logs | stop``.
 
 Exit codes: 0 success; 1 the job ran but some partition failed (named in the report);
 2 a bad job spec or unusable input/output, reported before anything runs (``mmpipe run``
@@ -88,11 +88,22 @@ def _run(args, spec, address: str, processes) -> int:
             with stops.on_signals():
                 report = run_job(spec, processes=processes)
             return _print_report(report, args)
+        from pipeline.assembly import fingerprint
+        from pipeline.runtime.executors import new_run_id
+
+        run_id, fp = args.run_id or new_run_id(), fingerprint(spec)
+        if address == "local" and (args.dashboard or args.keep_dashboard):
+            from pipeline.runtime import local_job   # the driver as a job on a head of its own
+
+            return local_job.run(_local_job_argv(args), job=spec.name, fingerprint=fp,
+                                 run_id=run_id, keep=args.keep_dashboard)
         session = local_ray.start(address, dashboard=args.dashboard, verbose=args.verbose,
-                                  runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
+                                  runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}},
+                                  metadata={"mmpipe_job": spec.name, "fingerprint": fp,
+                                            "run_id": run_id})
         with stops.on_signals():  # after ray.init, whose SIGTERM handler prints a stack dump
             try:
-                report = run_job(spec)
+                report = run_job(spec, run_id=run_id)
                 if report.complete and spec.dedup.dataset.enabled:  # the dedup pass follows
                     from pipeline.runtime.dedup_pass import run_dedup
 
@@ -114,6 +125,18 @@ def _run(args, spec, address: str, processes) -> int:
     return code
 
 
+def _local_job_argv(args) -> list[str]:
+    """``mmpipe run``'s arguments for ``local_job.run``: the spec's absolute path and the
+    options as given, without ``--dashboard``/``--keep-dashboard``."""
+    argv = [os.path.abspath(args.spec)]
+    for flag, value in (("--input", args.input), ("--output", args.output),
+                        ("--mode", args.mode), ("--report-json", args.report_json and
+                                                os.path.abspath(args.report_json))):
+        argv += [flag, value] if value else []
+    argv += [a for s in args.set for a in ("--set", s)]
+    return argv + (["--verbose"] if args.verbose else [])
+
+
 def _processes(args, spec, address: str):
     """``--executor``: ``auto`` is ``processes`` for a local run with no model stage on
     GPUs, no dataset-wide dedup pass and no ``--dashboard`` (Ray's start-up and shutdown,
@@ -124,7 +147,7 @@ def _processes(args, spec, address: str):
     from pipeline.runtime.executors import ProcessWorkers, needs_ray, new_run_id, planned_workers
 
     ray_only = [*needs_ray(spec),
-                *(["--dashboard"] if args.dashboard else []),
+                *(["--dashboard"] if args.dashboard or args.keep_dashboard else []),
                 *([f"--address {address}"] if address != "local" else [])]
     if args.executor == "processes" and ray_only:
         raise SpecError(f"--executor processes runs partition workers without Ray; this run "
@@ -253,6 +276,15 @@ def _print_report(report, args) -> int:
     return 0 if report.complete else 1
 
 
+def cmd_metrics(args) -> int:
+    from pipeline.runtime import metrics_text
+
+    url = args.url or metrics_text.default_url()
+    sys.stdout.write(metrics_text.format_samples(metrics_text.scrape(url)) or
+                     f"no mmpipe series at {url} yet (Ray exports every few seconds)\n")
+    return 0
+
+
 def cmd_status(args) -> int:
     from pipeline.runtime import status
 
@@ -322,6 +354,35 @@ def cmd_ls(args) -> int:
         return 2
     for uri in files:
         print(uri)
+    return 0
+
+
+def cmd_table(args) -> int:
+    """Bring OUTPUT's Delta tables in step with its commit markers (``--rebuild``: their
+    logs deleted and written again from the markers; ``pipeline.output.table``), under the
+    job lease (exit 2 if a run holds it, or OUTPUT is not an mmpipe output)."""
+    import uuid
+
+    from pipeline.output import table
+    from pipeline.output.job_lease import JobLease
+    from pipeline.output.layout import is_output
+
+    if not is_output(args.output):
+        print(f"error: {args.output} is not an mmpipe output (no _plan/ or _checkpoints/)",
+              file=sys.stderr)
+        return 2
+    held = JobLease.acquire(args.output, 60.0, 10.0, f"table-{uuid.uuid4().hex[:8]}")
+    try:
+        done = (table.rebuild if args.rebuild else table.sync)(args.output)
+    finally:
+        held.release()
+    print(f"generation {done['generation']}: {done['partitions']} committed partitions, "
+          f"{done['added']} published now (versions: {done['versions'] or 'unchanged'})")
+    for kind in table.KINDS:
+        uri = table.table_uri(args.output, kind)
+        found = table.open_table(uri)
+        print(f"  {kind}: {uri} " + (f"(version {found.version()})" if found is not None
+                                     else "(none yet)"))
     return 0
 
 
@@ -404,6 +465,28 @@ def cmd_stop(args) -> int:
     return 0
 
 
+def cmd_head(args) -> int:
+    from pipeline.runtime import head
+
+    if args.action == "stop":
+        print(f"stopped {head.stop(args.temp_dir)} processes of the head of {args.temp_dir}")
+        return 0
+    if args.action == "address":
+        running = head.running(args.temp_dir)
+        if running is None:
+            raise head.HeadError(f"no head of {args.temp_dir} is running (mmpipe head start)")
+        print(running.dashboard_url)
+        return 0
+    ports = {o: p for o, p in (("dashboard-port", args.dashboard_port),
+                               ("dashboard-agent-listen-port", args.agent_port)) if p}
+    h = head.start(args.temp_dir, num_cpus=args.num_cpus, ports=ports)
+    stop = "mmpipe head stop" + ("" if args.temp_dir == str(head.DEFAULT_DIR)
+                                 else f" --temp-dir {args.temp_dir}")
+    print(f"head started: --address {h.dashboard_url} (GCS {h.gcs_address}, {args.temp_dir})")
+    print(f"  stop it (and no other Ray): {stop}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmpipe", description="mmpipe: multimodal ETL on Ray (images, videos, captions -> "
@@ -424,8 +507,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "part of) or HOST:PORT; `local` starts a new local Ray (default: "
                    "RAY_ADDRESS, else a new local Ray); the log says which")
     p.add_argument("--report-json", help="also write the job report to this file")
-    p.add_argument("--dashboard", action="store_true", help="start Ray's dashboard with a "
-                   "local Ray (on 127.0.0.1) and print its URL")
+    p.add_argument("--dashboard", action="store_true", help="with a local Ray: run the "
+                   "driver as a Ray job on a local head with the dashboard (127.0.0.1), so "
+                   "its Jobs page shows the job, its metadata and log; prints the job's URL, "
+                   "the sign-in token command and the metrics endpoint")
+    p.add_argument("--keep-dashboard", action="store_true", help="--dashboard, and keep "
+                   "the local head and dashboard up after the job until Ctrl-C")
+    p.add_argument("--run-id", help=argparse.SUPPRESS)   # local_job: the run id it chose
     p.add_argument("--executor", choices=["auto", "ray", "processes"], default="auto",
                    help="where partition workers run: `ray` actors, or `processes` of this "
                    "machine without starting Ray (each loads its own CPU copy of the job's "
@@ -436,6 +524,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="debug logging, and worker log lines shown here (else only in the "
                    "log directory printed at start)")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("metrics", help="print mmpipe's metrics (ray_mmpipe_*, summed over "
+                       "Ray's labels) from a Ray metrics endpoint: the running local Ray's "
+                       "of `mmpipe run` by default")
+    p.add_argument("url", nargs="?", help="metrics endpoint, e.g. http://127.0.0.1:PORT/metrics "
+                   "(the `metrics:` line of `mmpipe run`)")
+    p.set_defaults(func=cmd_metrics)
     p = sub.add_parser("status", help="job, fingerprint, committed/failed/pending partitions "
                        "of an output, from its plan and markers; exit 0 complete, 1 a partition "
                        "failed, 2 not an mmpipe output, 3 partitions pending, 4 a file it needs is "
@@ -463,6 +557,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "data files), quarantine, wds (WebDataset shards), or any other "
                    "datasink's directory (output/layout.py; default: all)")
     p.set_defaults(func=cmd_ls)
+    p = sub.add_parser("table", help="bring the output's Delta Lake tables (data, "
+                       "quarantine, duplicates) in step with its commit markers")
+    p.add_argument("output", help="output location (sink.uri)")
+    p.add_argument("--rebuild", action="store_true", help="delete the tables' _delta_log/ "
+                   "and write them again from the commit markers")
+    p.set_defaults(func=cmd_table)
     p = sub.add_parser("spec", help="print the job spec reference (Markdown, as in "
                        "docs/spec.md) or its JSON Schema")
     fmt = p.add_mutually_exclusive_group()
@@ -537,6 +637,18 @@ def _job_commands(sub) -> None:
     p.add_argument("--address", help=address_help)
     p.add_argument("--wait", action="store_true", help="wait until it has stopped")
     p.set_defaults(func=cmd_stop)
+    from pipeline.runtime.head import DEFAULT_DIR  # light: no ray
+
+    p = sub.add_parser("head", help="start a Ray head on 127.0.0.1 on free ports for "
+                       "`mmpipe submit`, print its --address, or stop it (only it)")
+    p.add_argument("action", choices=["start", "address", "stop"])
+    p.add_argument("--temp-dir", default=str(DEFAULT_DIR),
+                   help=f"the head's Ray temp dir, which names it (default {DEFAULT_DIR})")
+    p.add_argument("--num-cpus", type=int, help="CPUs the head offers (default: all)")
+    p.add_argument("--dashboard-port", type=int, help="job API port (default: a free one)")
+    p.add_argument("--agent-port", type=int,
+                   help="dashboard agent HTTP port (default: a free one; Ray's is 52365)")
+    p.set_defaults(func=cmd_head)
 
 
 def main(argv: list[str] | None = None) -> int:

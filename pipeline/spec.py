@@ -15,13 +15,14 @@ import functools
 import ipaddress
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, JsonValue,
+                      ValidationError, field_validator, model_validator)
 
 from pipeline.errors import MAX_VALUE_CHARS, SpecError, clip, short_repr
+from pipeline.plugins import USES_PATTERN
 
 
 class _Strict(BaseModel):
@@ -69,7 +70,7 @@ def image_extensions() -> tuple[str, ...]:
                         - set(SIDECAR_EXTENSIONS)))
 
 
-SourceKind = Literal["files", "manifest", "webdataset"]
+SourceKind = Literal["files", "manifest", "webdataset", "plugin"]
 SOURCE_KINDS: tuple[str, ...] = typing.get_args(SourceKind)
 
 # The source.kind values whose datasource (pipeline.input.base) reads each of these source
@@ -78,11 +79,46 @@ SOURCE_FIELD_KINDS: dict[str, tuple[str, ...]] = {
     "manifest_format": ("manifest",),
     "path_column": ("manifest",),
     "key_column": ("manifest",),
-    "extensions": ("files", "webdataset"),
-    "partition_size": ("files", "manifest"),
+    "extensions": ("files", "webdataset", "plugin"),
+    "partition_size": ("files", "manifest", "plugin"),
     "shards_per_partition": ("webdataset",),
     "webdataset": ("webdataset",),
+    "uses": ("plugin",),
+    "with_": ("plugin",),
 }
+
+_USES_DOC = ("`module:Class`, `module.Class`, or the name of an entry point that an "
+             "installed package registers under `mmpipe.{group}` (README, \"Extending with "
+             "your own package\"). Its package must be installed where the workers run.")
+_WITH_DOC = ("Keyword arguments of the class's constructor (JSON values); all of them, "
+             "and the version of the package that provides the class, go into the "
+             "fingerprint.")
+
+
+def _check_uses(value: str | None) -> str | None:
+    """`uses`: `module:Class`, `module.Class` or an entry point name (letters, digits,
+    `_`, `-`); importing it is checked when the pipeline is assembled."""
+    if value is not None and not USES_PATTERN.match(value):
+        raise ValueError(f"{value!r} is not 'module:Class', 'module.Class' or an entry "
+                         "point name")
+    return value
+
+
+Uses = Annotated[str, AfterValidator(_check_uses)]
+
+
+class PluginSpec(BaseModel):
+    """A class from the user's own package (`pipeline/plugins.py`): a step
+    (`steps[]`, group `mmpipe.steps`) or a datasink (`sink.datasinks[]`, group
+    `mmpipe.datasinks`), and its settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              serialize_by_alias=True)
+
+    uses: Uses = Field(description="The class: " + _USES_DOC.format(group="steps` or "
+                                                                  "`mmpipe.datasinks"))
+    with_: dict[str, JsonValue] = Field({}, alias="with",
+                                        description=_WITH_DOC)
 
 
 class FieldNotApplicable(ValueError):
@@ -113,11 +149,21 @@ class WebDatasetSourceSpec(_Strict):
 class SourceSpec(_Strict):
     """Where the input is, what kind it is, and how it is cut into partitions."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              serialize_by_alias=True)
+
     kind: SourceKind = Field(
         description="`files`: media files under a prefix, captions from a sidecar `.txt`/`.json` "
         "of the same stem; `manifest`: Parquet/CSV/JSONL rows naming media by path or "
         "http(s) URL (img2dataset conventions); `webdataset`: WebDataset `.tar` shards, "
-        "samples grouped by key.")
+        "samples grouped by key; `plugin`: the `Datasource` subclass that `source.uses` "
+        "names, from the user's own package.")
+    uses: Uses | None = Field(None, description="`source.kind: plugin`: the datasource class: "
+                             + _USES_DOC.format(group="datasources"))
+    with_: dict[str, JsonValue] = Field(
+        {}, alias="with", description="`source.kind: plugin`: "
+        + _WITH_DOC + " The class is built as `Class(source, decode, download, video, "
+        "**with)` (the spec sections a built-in datasource gets).")
     media: Literal["image", "video"] = Field(
         "image", description="What the media are: `image` (decode, resize, pHash) or `video` "
         "(PyAV decode, frames sampled by presentation timestamp; see the `video` section).")
@@ -204,8 +250,12 @@ class SourceSpec(_Strict):
                     and value != type(self).model_fields[name].get_default(
                         call_default_factory=True)):
                 shown = list(value) if isinstance(value, tuple) else value
-                problems.append((name, shown, f"{shown!r} does not apply to source.kind "
-                                 f"{self.kind!r} (used by: {', '.join(kinds)})"))
+                problems.append((type(self).model_fields[name].alias or name, shown,
+                                 f"{shown!r} does not apply to source.kind {self.kind!r} "
+                                 f"(used by: {', '.join(kinds)})"))
+        if self.kind == "plugin" and self.uses is None:
+            problems.append(("uses", None, "source.kind 'plugin' needs source.uses: the "
+                             "datasource class ('module:Class' or an entry point name)"))
         if problems:
             raise FieldNotApplicable(problems)
         return self
@@ -318,6 +368,10 @@ class SinkSpec(_Strict):
         "there. Either way gc and `--mode overwrite` delete only the files of mmpipe's own "
         "layout (`data/<pid>/a-<attempt>/...` and its own root entries), never another "
         "file, a nested output or what a symbolic link points at.")
+    datasinks: tuple[PluginSpec, ...] = Field(
+        (), description="Datasinks from the user's own package (`FileDatasink` subclasses, "
+        "built as `Class(sink.uri, **with)`), written beside the Parquet files; their "
+        "files are named by the commit marker like every other output file.")
 
 
 class CaptionSpec(_Strict):
@@ -1099,6 +1153,11 @@ class JobSpec(_Strict):
     storage: StorageSpec = Field(StorageSpec(), description="S3 endpoint, region, retries.")
     signals: SignalsSpec = Field(SignalsSpec(), description="Quality signals measured on the "
                                  "CPU workers (sharpness, exposure, text in the image, ...).")
+    steps: tuple[PluginSpec, ...] = Field(
+        (), description="Steps from the user's own package (`Step` subclasses, built as "
+        "`Class(**with)`), run in this order after the built-in CPU steps (decode, "
+        "filters, hashes, dedup, signals) and before the model inputs and the resize, so "
+        "an image job gives them `_pixels`.")
 
     @model_validator(mode="after")
     def _distinct_locations(self) -> "JobSpec":

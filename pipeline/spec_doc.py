@@ -26,7 +26,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from pipeline.spec import SOURCE_FIELD_KINDS, SOURCE_KINDS, JobSpec
+from pipeline.spec import SOURCE_FIELD_KINDS, SOURCE_KINDS, JobSpec, SourceSpec
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 REGENERATE = ".venv/bin/python -m pipeline.spec_doc > docs/spec.md"
@@ -58,8 +58,10 @@ def fields(model: type[BaseModel] = JobSpec, prefix: str = ""
     """``(dotted name, FieldInfo)`` of every leaf field (not a section), e.g.
     ``("source.kind", ...)``, ``("sink.webdataset.enabled", ...)``; a list of sub-models
     is a field and its items' fields follow as ``name[].field``
-    (``filters.signals[].column``)."""
+    (``filters.signals[].column``). A field is named as a spec writes it (its alias:
+    ``steps[].with``)."""
     for name, info in model.model_fields.items():
+        name = info.alias or name
         sub = _section_model(info)
         if sub is None:
             yield prefix + name, info
@@ -102,6 +104,7 @@ def _section(prefix: str, model: type[BaseModel]) -> list[str]:
              "| field | type | default | constraints | description |",
              "|---|---|---|---|---|"]
     for name, info in model.model_fields.items():
+        name = info.alias or name
         sub = _section_model(info)
         item = _item_model(info)
         kind = (f"section [`{prefix}{name}`](#{_anchor(prefix + name)})" if sub else
@@ -125,6 +128,7 @@ def _kinds_table() -> list[str]:
              "| field | " + " | ".join(SOURCE_KINDS) + " |",
              "|---|" + "---|" * len(SOURCE_KINDS)]
     for name, kinds in SOURCE_FIELD_KINDS.items():
+        name = SourceSpec.model_fields[name].alias or name
         lines.append(f"| `source.{name}` | " + " | ".join("yes" if k in kinds else "-"
                                                         for k in SOURCE_KINDS) + " |")
     return lines + [""]
@@ -166,6 +170,8 @@ def _doc(model: type[BaseModel]) -> str:
 def _type(ann: Any) -> str:
     origin = typing.get_origin(ann)
     args = typing.get_args(ann)
+    if origin is typing.Annotated:
+        return _type(args[0])
     if origin is Literal:
         return " \\| ".join(f"`{a}`" for a in args)
     if origin in (typing.Union, types.UnionType):

@@ -12,10 +12,12 @@ from __future__ import annotations
 import collections
 import threading
 
-from pipeline.columns import ERROR_REASON, REJECT_REASON, SIGNAL_FLAGS, STATUS, Batch
+from pipeline.columns import (ERROR, ERROR_REASON, KEY, REJECT_REASON, SIGNAL_FLAGS, STATUS,
+                              Batch)
 from pipeline.records import Status
 
 
+FIRST_ERRORS = 3  # error rows an attempt keeps as examples (the driver logs them)
 
 
 class AttemptStats:
@@ -23,7 +25,8 @@ class AttemptStats:
     rows), ``flags``: rows by each signal-filter flag they carry (``signal_flags``:
     ``score_only`` would-be reject reasons, ``unscored:<column>``),
     ``retried_requests``/``throttled_requests`` (storage) and ``downloads`` (HTTP
-    counters of ``HttpFetcher.stats``). Thread-safe for ``storage_retry``."""
+    counters of ``HttpFetcher.stats``), ``first_errors``: the first ``FIRST_ERRORS`` error
+    rows as ``key: error``. Thread-safe for ``storage_retry``."""
 
     def __init__(self):
         self.rows: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -31,6 +34,7 @@ class AttemptStats:
         self.retried_requests = 0
         self.throttled_requests = 0
         self.downloads: collections.Counter = collections.Counter()
+        self.first_errors: list[str] = []
         self._lock = threading.Lock()
 
     def count_rows(self, batch: Batch) -> None:
@@ -40,6 +44,8 @@ class AttemptStats:
             reason = (batch[REJECT_REASON][i] if status == Status.REJECTED.value
                       else batch[ERROR_REASON][i] if status == Status.ERROR.value else None)
             self.rows[(status, reason or "none")] += 1
+            if status == Status.ERROR.value and len(self.first_errors) < FIRST_ERRORS:
+                self.first_errors.append(f"{batch[KEY][i]}: {batch[ERROR][i]}")
         for flags in batch.get(SIGNAL_FLAGS) or ():
             self.flags.update(flags or ())
 

@@ -25,13 +25,22 @@ def coco_captions() -> list[dict]:
     return [json.loads(line) for line in (PHOTOS / "captions.jsonl").read_text().splitlines()]
 
 
+def start_local_ray():
+    """``ray.init`` of a new local Ray (2 CPUs) of this process's own: ``address="local"``,
+    so a cluster that ``ray start`` registered on this machine (``ray_current_cluster``) is
+    never joined (tests/runtime/test_foreign_ray.py). Returns Ray's context."""
+    import ray
+
+    return ray.init(address="local", num_cpus=2, include_dashboard=False,
+                    logging_level="WARNING", runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray (2 CPUs) shared by in-process job tests; shut down at the end."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
+    start_local_ray()
     yield ray
     ray.shutdown()
 

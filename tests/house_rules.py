@@ -8,7 +8,8 @@ away.
 
 Rooms and their floors (a module may import its own room and rooms on lower floors):
 
-  0  ground    columns, records, errors, keys, text, spec, spec_doc, contracts, stats
+  0  ground    columns, records, errors, keys, text, spec, spec_doc, contracts, stats,
+               plugins
   1  storage   bytes and URIs, no record and no job
   1  media     pure codecs over bytes and arrays, no batches and no I/O
   2  input     what a record is and where it came from; never writes under the output
@@ -35,7 +36,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "pipeline"
 
 GROUND = ("columns", "records", "errors", "keys", "text", "spec", "spec_doc", "contracts",
-          "stats")
+          "stats", "plugins")
 FLOORS = {**{g: 0 for g in GROUND}, "storage": 1, "media": 1, "input": 2, "output": 2,
           "calibration": 2,
           "steps": 3, "dedup": 3, "models": 4, "read": 4, "assembly": 5, "runtime": 6,

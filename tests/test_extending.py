@@ -11,6 +11,7 @@ extension used to be accepted and then fail silently (issue 24):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -64,10 +65,10 @@ def test_a_new_datasink_registers_its_directory_with_the_layout():
         type("Fixed", (KeysDatasink,), {"name": "fixed", "directory": "_checkpoints"})
 
 
-def test_gc_every_second_during_a_job_keeps_a_new_datasinks_live_files(tmp_path, monkeypatch):
-    monkeypatch.setattr(assembly, "DATASINK_FACTORIES",
-                        [lambda spec: KeysDatasink(spec.sink.uri, delay_s=1.0)])
-    spec = _files_spec(tmp_path)
+def test_gc_every_second_during_a_job_keeps_a_new_datasinks_live_files(tmp_path):
+    # named in the spec by import path (pipeline.plugins): no registration by hand
+    spec = _files_spec(tmp_path, sink={"uri": str(tmp_path / "out"), "datasinks": [
+        {"uses": "tests.output.keys_datasink:KeysDatasink", "with": {"delay_s": 1.0}}]})
     out = spec.sink.uri
     pipeline, plan, pool = _plan(spec)
     generations.create(out, generations.new_record(1, pipeline, "src", "run-1", "resume"))
@@ -216,13 +217,9 @@ def test_validate_explain_prints_the_assembled_pipeline():
 
 # --- the datasource recipe ------------------------------------------------------------
 
-def test_a_datasource_in_one_module_plans_and_reads_every_line_as_one_row(tmp_path,
-                                                                         monkeypatch):
-    from pipeline import input as inputs
+def test_a_datasource_in_one_module_plans_and_reads_every_line_as_one_row(tmp_path):
     from tests.input.lines_datasource import LinesDatasource
 
-    # a new source.kind value needs spec.py; the test maps an existing kind to the class
-    monkeypatch.setitem(inputs.DATASOURCES, "files", LinesDatasource)
     photos = sorted(PHOTOS.glob("*.jpg"))[:5]
     secret = tmp_path / "secret.jpg"
     secret.write_bytes(photos[0].read_bytes())
@@ -231,11 +228,17 @@ def test_a_datasource_in_one_module_plans_and_reads_every_line_as_one_row(tmp_pa
                        + "".join(f"{p}\n" for p in photos)
                        + f"{PHOTOS}/no_such_photo.jpg\n\n{secret}\n")
     spec = JobSpec.model_validate({
-        "source": {"kind": "files", "uri": str(listing), "partition_size": 4,
-                   "allowed_roots": [str(PHOTOS)]},
+        "source": {"kind": "plugin", "uses": "tests.input.lines_datasource:LinesDatasource",
+                   "uri": str(listing), "partition_size": 4, "allowed_roots": [str(PHOTOS)]},
         "sink": {"uri": str(tmp_path / "out")}, "text_embedding": {"enabled": False}})
     pipeline, plan, pool = _plan(spec)
     assert isinstance(pipeline.datasource, LinesDatasource)
+    # a module from no installed distribution: fingerprinted by its file's sha256
+    source_file = REPO / "tests/input/lines_datasource.py"
+    assert pipeline.settings()["plugins"]["source"] == {
+        "class": "tests.input.lines_datasource:LinesDatasource", "distribution": None,
+        "version": None, "with": {},
+        "file_sha256": hashlib.sha256(source_file.read_bytes()).hexdigest()}
     assert list(plan.partition_ids) == ["p-000000", "p-000001"]
     for pid in plan.partition_ids:
         assert run_partition(pipeline, planning.read_partition(spec.sink.uri, pid), "a1",

@@ -7,8 +7,8 @@ comments stay, bash drops them); every ``python`` block is one snippet, run with
 top-level entries symlinked into a temporary directory (so a relative output such as
 ``output/quickstart`` lands there), HOME isolated, no ``RAY_*`` variables, a PATH without
 the virtual environment, and absolute ``/tmp/`` paths moved into the scratch directory.
-``make`` runs with ``-o .venv/.mmpipe-installed`` (the venv this suite runs in is not
-reinstalled).
+``make`` runs with ``-o .venv/.mmpipe-runtime -o .venv/.mmpipe-installed`` (the venv this
+suite runs in is not reinstalled).
 
 - ``SKIPPED``: commands that cannot run here, by how they start, with the reason; the
   tests assert that every entry still matches a README command.
@@ -46,12 +46,21 @@ SKIPPED = {  # how a command starts -> why it cannot run here
     "mmpipe submit deploy/jobs/coco-s3.yaml": "needs the KubeRay cluster and its S3 bucket",
     "mmpipe logs mmpipe-coco-s3-": "needs the KubeRay cluster's job",
     "mmpipe stop mmpipe-coco-s3-": "needs the KubeRay cluster's job",
-    # a head on Ray's default ports, stopped only by `ray stop` (every Ray on this machine):
-    # tests/deploy/test_submit.py runs this recipe on a head of its own (free ports, stopped
-    # by process id), with no venv on PATH
-    ".venv/bin/ray start --head": "tests/deploy/test_submit.py (a head of its own)",
-    ".venv/bin/mmpipe submit examples/quickstart.yaml": "tests/deploy/test_submit.py",
-    ".venv/bin/ray stop": "would stop every Ray on this machine",
+    # the local head recipe: its default temp dir is one per user, shared by every test
+    # run on this machine; tests/deploy/test_local_head.py runs these commands with a temp
+    # dir of its own, next to another Ray
+    ".venv/bin/mmpipe head start": "tests/deploy/test_local_head.py",
+    ".venv/bin/mmpipe submit examples/quickstart.yaml": "tests/deploy/test_local_head.py",
+    ".venv/bin/mmpipe head stop": "tests/deploy/test_local_head.py",
+    # the plugin example is installed into a temporary --target there, never into this venv
+    ".venv/bin/pip install examples/plugin": "tests/test_plugins.py (installs the example)",
+    ".venv/bin/mmpipe validate --explain examples/plugin/": "tests/test_plugins.py",
+    ".venv/bin/mmpipe run examples/plugin/": "tests/test_plugins.py",
+    "import ray  # Ray Data": "tests/runtime/test_foreign_ray.py (with another Ray registered)",
+    # --keep-dashboard waits for Ctrl-C; mmpipe metrics reads a running job's endpoint
+    ".venv/bin/mmpipe run examples/quickstart.yaml --keep-dashboard":
+        "tests/runtime/test_dashboard.py (runs it and stops it with SIGINT)",
+    ".venv/bin/mmpipe metrics": "tests/runtime/test_dashboard.py (during a kept dashboard)",
 }
 JOB = re.compile(r"\bmmpipe run\b|\bmake quickstart\b|"
                  r"examples/(url_manifest|s3_local|make_tiny_models)\.py")
@@ -187,7 +196,7 @@ def run_command(cmd: Command, root: Path, env: dict[str, str]) -> tuple[float, s
     if cmd.language == "python":
         argv = [str(root / ".venv" / "bin" / "python"), "-c", text]
     else:
-        text = re.sub(r"^make (\w+)", r"make -o .venv/.mmpipe-installed \1", text)
+        text = re.sub(r"^make (\w+)", r"make -o .venv/.mmpipe-runtime -o .venv/.mmpipe-installed \1", text)
         argv = ["bash", "-e", "-o", "pipefail", "-c", text]
     t0 = time.time()
     done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=900)
@@ -204,8 +213,9 @@ def test_readme_blocks_are_found_and_the_skip_list_is_what_is_skipped():
     skipped = [c for c in commands if c.skip_reason]
     for start in SKIPPED:      # every entry still names a README command
         assert any(c.text.startswith(start) for c in skipped), f"stale SKIPPED entry {start!r}"
-    assert not [c for c in commands if c.skip_reason is None and re.search(
-        r"\b(docker|kubectl|helm)\b", c.text)], "a cluster command is not in SKIPPED"
+    assert not [c for c in commands if c.skip_reason is None and c.language == "bash" and
+                re.search(r"\b(docker|kubectl|helm)\b", c.text)], \
+        "a cluster command is not in SKIPPED"   # (a python snippet may copy the binaries)
 
 
 def _run_all(checkout: Path, everything: bool) -> None:
@@ -223,3 +233,22 @@ def test_readme_commands_run_as_written(checkout):
 @pytest.mark.slow
 def test_every_readme_command_runs_as_written(checkout):
     _run_all(checkout, everything=True)
+
+
+def test_the_clip_blip_example_runs_on_its_folder_as_the_readme_says(checkout):
+    """README "Model steps": the tiny-model maker, then `mmpipe run examples/clip_blip.yaml`
+    with no override: it reads the photo folder (57 images with caption sidecars), runs
+    CLIP + score filter + BLIP and the dataset-wide dedup pass."""
+    commands = [c for c in readme_commands() if c.language == "bash" and (
+        c.text.startswith(".venv/bin/python examples/make_tiny_models.py      #")
+        or c.text.startswith(".venv/bin/mmpipe run examples/clip_blip.yaml"))]
+    assert [c.text.split()[1] for c in commands] == ["examples/make_tiny_models.py", "run"]
+    assert "--set" not in commands[1].text
+    env = user_env(checkout)
+    run_command(commands[0], checkout, env)
+    _, out = run_command(commands[1], checkout, env)
+    assert "job 'clip-blip': complete" in out and "input: 57 objects, 57 records planned" in out
+    rows = re.search(r"rows: ok=(\d+) rejected=(\d+) error=(\d+)", out)
+    assert rows and sum(map(int, rows.groups())) == 57 and rows.group(3) == "0", out
+    assert re.search(r"dedup \S+: generation 1, 4 partitions \(4 new\)", out), out
+    assert "duplicates: 0 (none)" in out

@@ -103,13 +103,13 @@ def test_quickstart_reused_for_a_folder_names_the_manifest_only_fields():
 
 @pytest.mark.parametrize("spec, override, message", [
     (WEBDATASET, "source.partition_size=10",
-     "source.partition_size: 10 does not apply to source.kind 'webdataset' (used by: files, manifest)"),
+     "source.partition_size: 10 does not apply to source.kind 'webdataset' (used by: files, manifest, plugin)"),
     (IMAGES, "source.shards_per_partition=2",
      "source.shards_per_partition: 2 does not apply to source.kind 'files' (used by: webdataset)"),
     (IMAGES, "source.manifest_format=csv",
      "source.manifest_format: 'csv' does not apply to source.kind 'files' (used by: manifest)"),
     (QUICKSTART, "source.extensions=[jpg]",
-     "source.extensions: ['.jpg'] does not apply to source.kind 'manifest' (used by: files, webdataset)"),
+     "source.extensions: ['.jpg'] does not apply to source.kind 'manifest' (used by: files, webdataset, plugin)"),
 ])
 def test_a_field_the_kind_does_not_use_is_an_error(spec, override, message):
     with pytest.raises(SpecError) as e:

@@ -103,8 +103,11 @@ class Datasource:
         return self._roots
 
     def settings(self) -> dict[str, Any]:
-        """The source spec and ``decode.max_bytes`` (records over it are errors)."""
-        return {"source": self.spec.model_dump(mode="json"), "max_bytes": self.max_bytes}
+        """The source spec and ``decode.max_bytes`` (records over it are errors). A
+        plugin's ``uses``/``with`` are left out: the assembler fingerprints the plugin
+        (class, package version, settings), and built-in kinds keep their fingerprint."""
+        return {"source": self.spec.model_dump(mode="json", exclude={"uses", "with_"}),
+                "max_bytes": self.max_bytes}
 
     def list_inputs(self) -> Iterator[InputItem]:
         """Yield every input item in a deterministic order. Raises ``PlanError``."""

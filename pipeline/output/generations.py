@@ -196,8 +196,8 @@ def delete_generation(output: str, gen: Generation) -> None:
 
 
 #: Folder names of mmpipe's layout below an attempt root: a partition's, an attempt's, a
-#: dedup index bucket's.
-_LAYOUT_DIR = re.compile(r"^(p-\d{6,}|a-[A-Za-z0-9][A-Za-z0-9_-]*|b-\d+)$")
+#: dedup index bucket's, a Delta table's log (the quarantine table, ``output.table``).
+_LAYOUT_DIR = re.compile(r"^(p-\d{6,}|a-[A-Za-z0-9][A-Za-z0-9_-]*|b-\d+|_delta_log)$")
 
 
 def _remove_emptied_dirs(root: str, extra: tuple[str, ...] | list[str], keep_root: bool

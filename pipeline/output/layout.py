@@ -12,12 +12,15 @@
   _index/<kind>/b-<bucket>/<pid>.a-<attempt>.parquet  dedup hash index (pipeline.dedup.index)
   _dedup/                                          the dedup pass (pipeline.dedup.store)
   _leases/<pid>.<attempt>.json                     a running attempt's lease (pipeline.output.lease)
+  quarantine/_delta_log/                           the generation's quarantine table (output.table)
 ```
 
 Beside the generations, at the output root only: ``_calibration/<name>/calibration.json``
-and ``calibration.png`` (``mmpipe calibrate``, ``pipeline.calibration``). They are
-mmpipe's names (``owned``) but no generation's entry (not in ``root_entries``): gc and
-``--mode overwrite`` never list them, so calibrations survive both.
+and ``calibration.png`` (``mmpipe calibrate``, ``pipeline.calibration``), and the data
+table's log ``_delta_log/`` (``pipeline.output.table``). They are mmpipe's names
+(``owned``) but no generation's entry (not in ``root_entries``): gc and ``--mode
+overwrite`` never list them, so calibrations and the table survive both. A generation's
+quarantine table (``quarantine/_delta_log/``) is that generation's: deleted with it.
 
 This is the layout of one generation (``pipeline.output.generations``): generation 1 at the
 output root, later ones (``--mode overwrite``) under ``_generations/g-<n>/``. An
@@ -60,6 +63,10 @@ GEN_DIR = "_generations"
 JOB_LEASE_DIR = "_job"
 #: Threshold calibrations of the output (``pipeline.calibration``): not a generation's.
 CALIBRATION_DIR = "_calibration"
+#: A Delta table's log (``pipeline.output.table``): the data table's at the output root
+#: (the output's, no generation's), the quarantine table's under a generation's quarantine
+#: directory (that generation's).
+DELTA_LOG = "_delta_log"
 #: The dedup hash index's attempt root (its files are ``<pid>.a-<attempt>.parquet`` under
 #: ``_index/<kind>/b-<bucket>/``, not under an attempt directory).
 INDEX_DIR = "_index"
@@ -80,7 +87,7 @@ def register_attempt_root(sink: str, directory: str) -> None:
     name of a fixed entry (``_checkpoints``, ``_plan``, ...), or a directory or datasink
     name already registered to another."""
     if not sink or not _DIR_NAME.match(directory or "") or directory in _FIXED_ENTRIES + (
-            GEN_DIR, JOB_LEASE_DIR, CALIBRATION_DIR):
+            GEN_DIR, JOB_LEASE_DIR, CALIBRATION_DIR, DELTA_LOG):
         raise ValueError(f"datasink {sink!r}: directory {directory!r} is not a free top-level "
                          "name of an output")
     if ATTEMPT_ROOTS.get(sink, directory) != directory:
@@ -151,9 +158,12 @@ def owned(rel: str, extra: tuple[str, ...] | list[str] = ()) -> bool:
     own layout: ``_SUCCESS``; a plan file, commit marker, failure record or attempt lease
     (and their ``.tmp-<hex>`` files); an attempt file (``attempt_of``); anything under
     ``_dedup/`` (the dedup pass's own layout, ``pipeline.dedup.store``); a calibration's
-    ``_calibration/<name>/calibration.json|png``. What gc and the deletion of a generation
-    may delete, of the entries they list (``root_entries``: ``_calibration/`` is none of
-    them, so it is never deleted); a user's ``data/labels.csv`` is not owned."""
+    ``_calibration/<name>/calibration.json|png``; a Delta log (``_delta_log/...`` at the
+    root, ``quarantine/_delta_log/...``: ``pipeline.output.table``). What gc and the
+    deletion of a generation may delete, of the entries they list (``root_entries``:
+    ``_calibration/`` and the root ``_delta_log/`` are none of them, so they are never
+    deleted; a generation's quarantine table goes with it; gc deletes attempt files
+    only); a user's ``data/labels.csv`` is not owned."""
     if rel == SUCCESS_FILE:
         return True
     top, _, rest = rel.partition("/")
@@ -163,6 +173,9 @@ def owned(rel: str, extra: tuple[str, ...] | list[str] = ()) -> bool:
         return bool(rest) and not rest.startswith("/")
     if top == CALIBRATION_DIR:
         return bool(_CALIBRATION_FILE.match(rest))
+    if top == DELTA_LOG or (top == ATTEMPT_ROOTS.get("quarantine") and
+                            rest.startswith(DELTA_LOG + "/")):
+        return bool(rest) and not rest.startswith("/")
     return attempt_of(rel, extra) is not None
 
 

@@ -31,6 +31,7 @@ from pipeline.storage import fs
 from pipeline.output.committed import check_file_names
 from pipeline.output.generations import attempt_roots_of, read_root
 from pipeline.output.checkpoint import CheckpointStore
+from pipeline.output.table import publish_duplicates
 from pipeline.runtime import chaos, job_env
 from pipeline.spec import DatasetDedupSpec, StorageSpec
 
@@ -346,6 +347,7 @@ def run_dedup(output_uri: str, spec: DatasetDedupSpec, storage: StorageSpec | No
             done = store.complete()
             report.generation, report.partitions = done[0].generation, len(done[0].partitions)
             _result(store, report)
+            _publish(store)
             break
         report.generation, report.partitions, report.new_partitions = (
             gen.generation, len(gen.partitions), len(gen.new))
@@ -387,6 +389,20 @@ def _run_generation(store: DedupStore, gen: Generation, spec: DatasetDedupSpec,
         return False
     union(store, gen, lease)
     return store.marker(gen.generation, "duplicates") is not None
+
+
+def _publish(store: DedupStore) -> None:
+    """Publish the newest complete duplicates table as a Delta table
+    (``output.table.publish_duplicates``); a failure is logged (``mmpipe dedup`` again
+    publishes it)."""
+    done = store.complete()
+    if done is None:
+        return
+    try:
+        publish_duplicates(store.output_uri, done[1].files[0])
+    except Exception as e:  # noqa: BLE001 - the table is derived: never fail the pass
+        log.warning("%s: duplicates Delta table not published (%s: %s)", store.output_uri,
+                    type(e).__name__, e)
 
 
 def _result(store: DedupStore, report: DedupReport) -> None:

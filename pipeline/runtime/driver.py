@@ -63,7 +63,6 @@ def run_job(spec: JobSpec, run_id: str | None = None,
                          f"run it on Ray")
     fs.configure(**spec.storage.model_dump())  # first: assembling may read (flagged words)
     pipeline = assemble(spec)  # unbound models: the fingerprint, the datasource, the checks
-    fp = pipeline.fingerprint
     # the endpoint and region as resolved here travel in the spec: actors never take
     # them from their node's environment (fs.configure(from_env=False) there)
     spec = spec.model_copy(update={"storage": spec.storage.model_copy(
@@ -105,7 +104,8 @@ def _run_job(output: OutputSession, pipeline, run_id: str, t0: float,
         n for p, n in zip(plan.partition_ids, plan.rows_planned) if p not in done)
     try:
         if todo:
-            _run_partitions(spec, fp, todo, report, records, processes)
+            _run_partitions(spec, fp, todo, report, records, processes,
+                            on_commit=output.tables.committed)
     except Stopped:
         raise
     except KeyboardInterrupt:  # SIGINT/SIGTERM (pipeline.runtime.stops): say what is committed
@@ -130,8 +130,11 @@ def target_partitions(spec: JobSpec, processes: ProcessWorkers | None) -> int:
 
 
 def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
-                    records: int | None, processes: ProcessWorkers | None) -> None:
-    """Run the partitions ``todo`` (``records``: the records they plan, None if unknown).
+                    records: int | None, processes: ProcessWorkers | None,
+                    on_commit=None) -> None:
+    """Run the partitions ``todo`` (``records``: the records they plan, None if unknown;
+    ``on_commit(marker)``: called once a partition's marker exists, e.g. the Delta tables'
+    ``Publisher.committed``).
     Raises ``ResourceWaitError`` if no node takes a ModelActor, or any PartitionWorker,
     within ``runtime.resource_wait_s``."""
     progress = Progress(records, len(todo), spec.runtime.progress_interval_s)  # models load
@@ -146,7 +149,7 @@ def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
         else:
             workers = processes
             workers.bind(spec, fp)
-        scheduler = _Scheduler(spec, todo, report, workers, progress)
+        scheduler = _Scheduler(spec, todo, report, workers, progress, on_commit)
         scheduler.start_initial()
         scheduler.loop()
         if pools:
@@ -197,8 +200,9 @@ class _Scheduler:
     """
 
     def __init__(self, spec: JobSpec, todo: list, report: JobReport, workers,
-                 progress: Progress):
+                 progress: Progress, on_commit=None):
         self.spec, self.report, self.backend = spec, report, workers
+        self.on_commit = on_commit
         self.fp = workers.fp
         self.store = CheckpointStore(spec.sink.uri)
         self.queue = collections.deque(todo)
@@ -218,6 +222,7 @@ class _Scheduler:
         self.next_index = 0
         self.last_scale = 0.0
         self.model_stats: dict[int, list[dict]] = {}  # worker -> its own models' statistics
+        self.last_poll = 0.0
 
     def wanted(self) -> int:
         """Workers this run can use now: one per partition queued or in flight, capped by
@@ -254,6 +259,7 @@ class _Scheduler:
                 self._dispatch(self.idle.popleft(), self.queue.popleft())
             self._dismiss_idle()
             self._cancel_overdue()
+            self._poll_progress()
             ready = self._wait_one()
             if not ready:
                 self.progress.tick()
@@ -273,6 +279,21 @@ class _Scheduler:
             if outcome is not None and outcome.models:
                 self.model_stats[i] = outcome.models
             self._done(pid, outcome)
+
+    def _poll_progress(self, now: bool = False) -> None:
+        """Every ``PROGRESS_TICK_S`` (or ``now``): the rows each running attempt has written
+        so far (``backend.records``, never waiting) into the progress display, with one
+        ``PartitionWorker-<i> p-000042 (<n> records)`` entry per busy worker."""
+        if not now and time.monotonic() - self.last_poll < PROGRESS_TICK_S:
+            return
+        self.last_poll = time.monotonic()
+        running = {attempt: (i, pid) for i, pid, attempt in self.in_flight.values()}
+        records = self.backend.records({a: self.workers[i] for a, (i, _) in running.items()})
+        busy = [f"PartitionWorker-{i} {pid} ({records[a]} records)"
+                for a, (i, pid) in sorted(running.items(), key=lambda r: r[1])]
+        idle = len(self.workers) - len(busy)
+        self.progress.in_flight(sum(records.values()), "; ".join(
+            busy + ([f"{idle} idle or starting"] if busy and idle > 0 else [])))
 
     def _wait_one(self) -> list:
         """The first attempt or worker start that finished within a progress tick."""
@@ -381,7 +402,12 @@ class _Scheduler:
         # an attempt of this run (a zombie of a lost worker included) committed it
         this_run = marker.attempt_id in self.report.attempts.get(pid, [])
         self.report.add_marker(marker, this_run=this_run)
-        self.progress.update(pid, marker.rows_in)
+        if outcome is not None and outcome.committed:
+            _log_errors(pid, outcome)
+        self._poll_progress(now=True)     # its records leave the in-flight count ...
+        self.progress.update(pid, marker.rows_in)   # ... and join the finished ones
+        if self.on_commit is not None:
+            self.on_commit(marker)
 
     def _failed(self, i: int, pid: str, attempt: str, e: BaseException) -> None:
         if isinstance(e, WorkerLost):
@@ -411,6 +437,7 @@ class _Scheduler:
             self.store.record_failure(pid, {
                 "partition_id": pid, "error": _short(e), "attempts": self.report.attempts[pid],
                 "fingerprint": self.fp, "failed_at": time.time()})
+            self._poll_progress(now=True)
             self.progress.update(pid, 0)
 
     def _outage_retry(self, pid: str, e: BaseException) -> bool:
@@ -437,6 +464,19 @@ class _Scheduler:
 
 
 OUTAGE_RETRY_S = 5.0  # seconds before a partition lost to a storage outage is queued again
+
+
+def _log_errors(pid: str, outcome: AttemptOutcome) -> None:
+    """One WARNING line for a committed partition with error rows: how many by reason and
+    the first few (``key: error``), in the driver's log (the dashboard's job log for a
+    submitted job; ``ray_mmpipe_records_total{status="error"}`` counts them by reason)."""
+    errors = {reason: n for (status, reason), n in sorted(outcome.rows.items())
+              if status == "error"}
+    if errors:
+        log.warning("partition %s: %d error rows (%s), e.g. %s; their rows are in the "
+                    "quarantine output", pid, sum(errors.values()),
+                    ", ".join(f"{r}: {n}" for r, n in errors.items()),
+                    " | ".join(outcome.first_errors) or "?")
 
 
 def _is_storage_outage(e: BaseException) -> bool:

@@ -22,7 +22,12 @@ of these two backends, which offer the same handful of operations:
 A call returns a *ref*; ``wait(refs, timeout)`` returns those that finished and ``get(ref)``
 their value, raising ``WorkerLost`` when the worker died (a killed process, a lost node,
 a constructor that raised) and the attempt's own error otherwise (a ``RayTaskError`` from
-Ray, the original exception from a process).
+Ray, the original exception from a process). ``records(calls)`` says, without waiting,
+how many rows each running attempt has written so far (the driver's progress per batch):
+a Ray actor answers a ``status`` call from its own concurrency group while ``run`` works
+(one outstanding per actor; without task events, so these calls never crowd the
+dashboard's task tables nor Ray's task event store); a worker process keeps the count in
+a shared ``multiprocessing.Value``.
 """
 
 from __future__ import annotations
@@ -87,7 +92,12 @@ def remote_worker():
 
     from pipeline.runtime.worker import PartitionWorker
 
-    return ray.remote(PartitionWorker)
+    return ray.remote(concurrency_groups={STATUS_GROUP: 1})(PartitionWorker)
+
+
+STATUS_GROUP = "status"  # the actor's concurrency group for status(), apart from run()
+PARTITION_TASK_NAMES_ENV = "MMPIPE_PARTITION_TASK_NAMES"  # "1": tasks named by partition
+POLL_WAIT_S = 0.1  # seconds records() waits for the actors' status answers
 
 
 class WorkerLost(Exception):
@@ -99,13 +109,24 @@ class RayWorkers:
     """Partition workers as Ray actors (the caller did ``ray.init``).
 
     ``spec`` and ``fingerprint`` as the driver has them, ``pools`` the started model pools,
-    ``run_id`` names the namespace ``mmpipe-<job>-<run id>``."""
+    ``run_id`` names the namespace ``mmpipe-<job>-<run id>``. Each attempt is a task named
+    ``PartitionWorker.run`` (one name for every partition: Ray labels its ``ray_tasks``
+    series by task name, so they stay bounded on a long-lived cluster); with
+    ``partition_task_names`` (``PARTITION_TASK_NAMES_ENV=1``: set by ``mmpipe run
+    --dashboard`` for the local head that lives only for its run) it is named
+    ``p-000042 a-<attempt>``, so the dashboard's task tables say which partition each
+    worker holds."""
 
-    def __init__(self, spec, fingerprint: str, pools: list, run_id: str):
+    def __init__(self, spec, fingerprint: str, pools: list, run_id: str,
+                 partition_task_names: bool | None = None):
         from pipeline.runtime.model_pool import actor_request
 
         self.spec, self.fp, self.pools, self.run_id = spec, fingerprint, pools, run_id
         self.request = actor_request(1, 0, spec.runtime.worker_resources)
+        self.partition_task_names = (os.environ.get(PARTITION_TASK_NAMES_ENV) == "1"
+                                     if partition_task_names is None else partition_task_names)
+        self._polls: dict = {}      # actor id -> its outstanding status() ref
+        self._records: dict[str, int] = {}   # attempt id -> rows written, last answer
 
     def start(self, index: int, restarts: int = 0):
         """Ask Ray for worker ``index`` (``-r<n>`` after ``n`` restarts); returns its handle."""
@@ -122,9 +143,34 @@ class RayWorkers:
         return handle.ping.remote()
 
     def run(self, handle, partition_id: str, attempt_id: str):
-        """A ref to the worker's attempt of ``partition_id`` (one task name for every
-        partition: bounded metric series)."""
-        return handle.run.options(name="PartitionWorker.run").remote(partition_id, attempt_id)
+        """A ref to the worker's attempt of ``partition_id`` (its task name: see the class)."""
+        name = (f"{partition_id} a-{attempt_id}" if self.partition_task_names
+                else "PartitionWorker.run")
+        return handle.run.options(name=name).remote(partition_id, attempt_id)
+
+    def records(self, calls: dict) -> dict[str, int]:
+        """Rows written so far by each running attempt, ``{attempt id: worker handle}``
+        -> ``{attempt id: rows}``: each actor is asked (``status``, unless an earlier ask
+        is still out) and the answers back within ``POLL_WAIT_S`` are read; an attempt
+        whose actor has not answered yet keeps its last count (0 before the first)."""
+        import ray
+
+        for handle in calls.values():
+            key = handle._actor_id   # noqa: SLF001 - a handle's only hashable identity
+            if key not in self._polls:
+                self._polls[key] = handle.status.options(   # no task events: one a second
+                    concurrency_group=STATUS_GROUP, enable_task_events=False).remote()
+        by_ref = {ref: key for key, ref in self._polls.items()}
+        ready, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=POLL_WAIT_S)
+        for ref in ready:
+            del self._polls[by_ref[ref]]
+            try:
+                status = ray.get(ref)
+            except Exception:  # noqa: BLE001 - a dead actor: the scheduler sees it
+                continue
+            self._records[status["attempt"]] = status["records"]
+        self._records = {a: n for a, n in self._records.items() if a in calls}
+        return {a: self._records.get(a, 0) for a in calls}
 
     def wait(self, refs: list, timeout: float) -> list:
         """The first of ``refs`` to finish within ``timeout`` seconds (or none)."""
@@ -145,6 +191,7 @@ class RayWorkers:
     def kill(self, handle) -> None:
         import ray
 
+        self._polls.pop(handle._actor_id, None)   # noqa: SLF001 - see records()
         ray.kill(handle)
 
     def fits_now(self) -> int:
@@ -191,8 +238,9 @@ class RayWorkers:
 class _Process:
     """One worker process: the ``multiprocessing`` process and the driver's end of its pipe."""
 
-    def __init__(self, index: int, process, conn):
+    def __init__(self, index: int, process, conn, records):
         self.index, self.process, self.conn = index, process, conn
+        self.records = records   # multiprocessing.Value: rows the running attempt wrote
 
 
 class _Call:
@@ -241,11 +289,12 @@ class ProcessWorkers:
         ours, theirs = self._context.Pipe()
         log_file = None if self.logs_dir is None else str(
             self.logs_dir / f"spare-{len(self.live) + len(self.spare)}-{os.urandom(3).hex()}.log")
+        records = self._context.Value("q", 0, lock=False)   # one writer: the worker
         process = self._context.Process(target=serve, name="PartitionWorker", daemon=True,
-                                        args=(theirs, log_file))
+                                        args=(theirs, log_file, records))
         process.start()
         theirs.close()
-        return _Process(-1, process, ours)
+        return _Process(-1, process, ours, records)
 
     def start(self, index: int, restarts: int = 0) -> _Process:
         """Worker ``index``: a spare process if one is up, else a new one; it builds its
@@ -270,6 +319,11 @@ class ProcessWorkers:
         except OSError:    # it died since its last answer: get() says so
             pass
         return _Call(handle)
+
+    def records(self, calls: dict) -> dict[str, int]:
+        """Rows written so far by each running attempt, ``{attempt id: worker}`` ->
+        ``{attempt id: rows}``, read from the workers' shared counters."""
+        return {attempt: worker.records.value for attempt, worker in calls.items()}
 
     def wait(self, refs: list, timeout: float) -> list:
         by_conn = {ref.worker.conn: ref for ref in refs}
@@ -333,12 +387,13 @@ def _stop(workers: list[_Process]) -> None:
             worker.process.join(KILL_GRACE_S)
 
 
-def serve(conn, log_file: str | None) -> None:
+def serve(conn, log_file: str | None, records=None) -> None:
     """A worker process's main loop: load the worker's modules, wait for ``("init", spec
     JSON, fingerprint, index, run id, log file)``, build the ``PartitionWorker`` (answering
     the driver's ``ping``), then run ``("run", partition id, attempt id)`` requests until
-    the driver closes the pipe. Ctrl-C is the driver's to handle (it kills this process);
-    logs go to the log file given (none: this terminal)."""
+    the driver closes the pipe. ``records``: the shared counter of rows the running
+    attempt has written (``PartitionWorker.shared_records``). Ctrl-C is the driver's to
+    handle (it kills this process); logs go to the log file given (none: this terminal)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _log_to(log_file)
     from pipeline.runtime.threads import ASSIGNED_CPUS_ENV
@@ -359,6 +414,7 @@ def serve(conn, log_file: str | None) -> None:
     except Exception as e:  # noqa: BLE001 - reported to the driver, which starts another
         conn.send(("lost", f"{type(e).__name__}: {e}"))
         return
+    worker.shared_records = records
     conn.send(("ok", True))
     while True:
         try:

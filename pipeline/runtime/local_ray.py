@@ -11,7 +11,13 @@
   forwarded worker lines carry no ANSI colour codes (Ray's ``print_worker_logs`` colours the
   prefix, its log deduplication the ``[repeated Nx]`` note); Ray reads the second when it is
   imported, so call ``quiet_env()`` before ``import ray``;
-- the dashboard of a local Ray only with ``dashboard=True``, bound to 127.0.0.1.
+- the dashboard of a local Ray only with ``dashboard=True``, bound to 127.0.0.1;
+- a local Ray's metrics agent serves Prometheus text on a port chosen free here
+  (``_metrics_export_port``), logged as ``metrics: http://127.0.0.1:PORT/metrics`` and kept
+  in the record below, where ``mmpipe metrics`` finds it (``runtime/metrics_text.py``);
+- the job's ``metadata`` (``mmpipe_job``, ``fingerprint``, ``run_id``) goes into its
+  ``JobConfig``: the dashboard's Jobs page lists a driver that joined a cluster with it
+  (a driver's log shows there only for a submitted job: ``runtime/local_job.py``).
 
 A local Ray is kept on this machine (``loopback_env``, ``secure_token``): Ray binds each
 daemon to its node's address, and on Linux it takes the machine's routable one; with
@@ -40,6 +46,7 @@ import importlib
 import json
 import logging
 import os
+import socket
 import stat
 import sys
 import time
@@ -50,6 +57,11 @@ import psutil
 log = logging.getLogger(__name__)
 
 STATE_DIR = Path("~/.cache/mmpipe/local-ray")
+#: Ray's ``_system_config`` for a local Ray: no idle worker processes started ahead (one
+#: per CPU, plus one for the first driver), which on a small machine compete with the
+#: driver and the actors' own worker processes for the CPUs while a run starts
+#: (bench/startup.py, bench/RESULTS.md "Start-up of a local run on Ray").
+SYSTEM_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
 TERM_GRACE_S = 2.0  # Ray's agents can ignore SIGTERM once their raylet is gone: then SIGKILL
 
 
@@ -57,21 +69,25 @@ TERM_GRACE_S = 2.0  # Ray's agents can ignore SIGTERM once their raylet is gone:
 class RaySession:
     """What ``start`` connected to: ``local`` (a Ray started by this process), the
     session's ``logs_dir`` (on this machine when local; on the head node otherwise),
-    the ``dashboard_url`` (``http://127.0.0.1:8265``) or None, and the ``state_file``
-    recording a local Ray (None otherwise)."""
+    the ``dashboard_url`` (``http://127.0.0.1:8265``) or None, the ``state_file``
+    recording a local Ray (None otherwise) and the ``metrics_url`` of a local Ray's
+    metrics agent (None when joined)."""
 
     local: bool
     logs_dir: str | None = None
     dashboard_url: str | None = None
     state_file: Path | None = None
+    metrics_url: str | None = None
 
 
 def start(address: str | None, *, dashboard: bool = False, verbose: bool = False,
-          runtime_env: dict | None = None) -> RaySession:
+          runtime_env: dict | None = None, metadata: dict[str, str] | None = None
+          ) -> RaySession:
     """``ray.init`` for ``mmpipe run``: a new local Ray when ``address`` is None or
-    ``"local"``, else join the cluster at ``address``. Logs where worker logs go and, if
-    started, the dashboard's URL (``dashboard`` applies to a local Ray; without Ray's
-    dashboard packages it logs so and goes on without one)."""
+    ``"local"``, else join the cluster at ``address``. Logs where worker logs go, a local
+    Ray's metrics endpoint and, if started, the dashboard's URL (``dashboard`` applies to
+    a local Ray; without Ray's dashboard packages it logs so and goes on without one).
+    ``metadata``: the Ray job's metadata (shown on the dashboard's Jobs page)."""
     import ray
 
     local = address in (None, "local")
@@ -81,11 +97,14 @@ def start(address: str | None, *, dashboard: bool = False, verbose: bool = False
         secure_token()
     kwargs: dict = {}
     if local:
+        kwargs["_system_config"] = SYSTEM_CONFIG
+        kwargs["_metrics_export_port"], = free_ports(1)
         kwargs["include_dashboard"] = dashboard and _dashboard_available()
         if kwargs["include_dashboard"]:
             kwargs["dashboard_host"] = "127.0.0.1"
     ctx = ray.init(address=address, logging_level=logging.WARNING, log_to_driver=verbose,
-                   runtime_env=runtime_env, **kwargs)
+                   runtime_env=runtime_env, **kwargs,
+                   job_config=ray.job_config.JobConfig(metadata=dict(metadata or {})))
     node = ray._private.worker.global_worker.node  # noqa: SLF001 - Ray has no public getter
     if local and node is not None and node.node_ip_address != LOOPBACK:
         ray.shutdown()
@@ -93,7 +112,9 @@ def start(address: str | None, *, dashboard: bool = False, verbose: bool = False
                            f"{LOOPBACK}: it would listen beyond this machine; stopped it")
     session = RaySession(local, logs_dir=node.get_logs_dir_path() if node else None)
     if local:
-        session.state_file = _record(node.get_session_dir_path())
+        session.metrics_url = f"http://{LOOPBACK}:{kwargs['_metrics_export_port']}/metrics"
+        log.info("metrics: %s (mmpipe metrics prints mmpipe's series)", session.metrics_url)
+        session.state_file = record(node.get_session_dir_path(), session.metrics_url)
     if ctx.dashboard_url and (kwargs.get("include_dashboard") or not local):
         session.dashboard_url = ("" if "://" in ctx.dashboard_url else "http://") + ctx.dashboard_url
         log.info("dashboard: %s", session.dashboard_url)
@@ -155,6 +176,20 @@ def cleanup_stale(state_dir: Path | None = None) -> int:
     return stopped
 
 
+def live_records(state_dir: Path | None = None) -> list[dict]:
+    """The records (``record``) of local Rays whose mmpipe driver still runs, newest first."""
+    state_dir = (state_dir or STATE_DIR).expanduser()
+    found = []
+    for path in state_dir.glob("*.json"):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(rec.get("driver_pid"), rec.get("driver_started")):
+            found.append(rec)
+    return sorted(found, key=lambda r: r.get("recorded_at", 0), reverse=True)
+
+
 def session_processes(session_dir: str) -> list[psutil.Process]:
     """This user's live processes (this one excepted) with a file under ``session_dir``
     open: every Ray process of that session (GCS, raylet, agents, workers) has its logs
@@ -196,15 +231,33 @@ def _alive(pid: int | None, started: float | None) -> bool:
         return False
 
 
-def _record(session_dir: str) -> Path | None:
-    """Write this driver's local-Ray record; None (and a debug line) if that fails."""
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 now (bound together, then released)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((LOOPBACK, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def record(session_dir: str, metrics_url: str | None = None, **extra) -> Path | None:
+    """Write this driver's local-Ray record (its ``session_dir``: what ``cleanup_stale``
+    stops once this driver is gone; the ``metrics_url`` ``mmpipe metrics`` reads by
+    default; ``extra`` fields, e.g. the ``dashboard_url``); None (and a debug line) if
+    that fails."""
     state_dir = STATE_DIR.expanduser()
     path = state_dir / f"{os.getpid()}.json"
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"driver_pid": os.getpid(),
                                     "driver_started": psutil.Process().create_time(),
-                                    "session_dir": session_dir, "recorded_at": time.time()}))
+                                    "session_dir": session_dir, "recorded_at": time.time(),
+                                    "metrics_url": metrics_url, **extra}))
     except OSError as e:
         log.debug("cannot record the local Ray in %s: %s", path, e)
         return None

@@ -16,6 +16,8 @@ Exported names (labels; who records):
 - ``ray_mmpipe_partition_attempts_failed_total``, ``ray_mmpipe_partitions_failed_total``
   (job_name; driver: every failed attempt, and partitions that used up ``max_attempts``)
 - ``ray_mmpipe_partitions_remaining`` gauge (job_name; driver)
+- ``ray_mmpipe_worker_records`` gauge (job_name, worker=PartitionWorker-<i>; worker per
+  batch written: the records its running attempt has written, 0 when idle)
 - ``ray_mmpipe_partition_duration_s`` histogram (job_name, outcome=committed|lost_race|failed;
   worker)
 - ``ray_mmpipe_model_batches_in_flight`` gauge (job_name, worker) and
@@ -57,6 +59,8 @@ _DEFS: dict[str, tuple[str, str, tuple[str, ...], list[float] | None]] = {
                                  ("job_name",), None),
     "mmpipe_partitions_remaining": ("Gauge", "Partitions of this run not yet committed or "
                                     "failed.", ("job_name",), None),
+    "mmpipe_worker_records": ("Gauge", "Records the worker's running attempt has written "
+                              "(0: idle).", ("job_name", "worker"), None),
     "mmpipe_partition_duration_s": ("Histogram", "Seconds per partition attempt.",
                                     ("job_name", "outcome"), PARTITION_BOUNDARIES_S),
     "mmpipe_model_batches_in_flight": ("Gauge", "Batches a worker has sent to the model "
@@ -138,6 +142,10 @@ class WorkerMetrics:
         if outcome.marker.bytes_written:
             metric("mmpipe_bytes_written").inc(outcome.marker.bytes_written, self.tags)
         metric("mmpipe_partitions_committed").inc(1, self.tags)
+
+    def attempt_records(self, records: int) -> None:
+        """Set the records this worker's running attempt has written (0: idle)."""
+        metric("mmpipe_worker_records").set(records, dict(self.tags, worker=self.worker))
 
     def partition_failed(self, duration_s: float) -> None:
         metric("mmpipe_partition_duration_s").observe(duration_s,

@@ -18,6 +18,11 @@
 the plan, the markers, the workers and the datasinks all work there, unchanged.
 ``complete(report)`` writes ``_SUCCESS`` (only while this run still holds the lease) and
 deletes the older generations; ``close()`` releases the lease.
+
+``OutputSession.tables`` keeps the output's Delta tables in step (``output.table.Publisher``:
+reconciled at open, a partition published after its marker exists, the overwrite commit
+of a complete new generation before the older ones are deleted), on a thread, while
+this run holds the job lease; a failed table commit is logged, never fails the run.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pipeline.errors import CommitError
 from pipeline.output import generations, plan as planning
 from pipeline.output.checkpoint import CheckpointStore
 from pipeline.output.job_lease import JobLease
+from pipeline.output.table import Publisher
 from pipeline.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -41,6 +47,7 @@ class OutputSession:
         self.root = generations.generation_root(output, generation)
         self.spec = spec.model_copy(update={"sink": spec.sink.model_copy(
             update={"uri": self.root})})
+        self.tables = Publisher(output, self.root)
 
     def complete(self, report: dict) -> None:
         """Write ``_SUCCESS`` (``report``: the JobReport as a dict, plus the generation)
@@ -50,13 +57,15 @@ class OutputSession:
             raise CommitError(f"{self.output}: this run lost the job lease before it could "
                               "write _SUCCESS; run the job again")
         CheckpointStore(self.root).write_success(dict(report, generation=self.generation))
+        self.tables.complete()   # the tables show this generation before the older go
         gone = generations.delete_older(self.output, self.generation)
         if gone:
             log.info("%s: generation %d complete; older generations %s deleted", self.output,
                      self.generation, gone)
 
     def close(self) -> None:
-        """Release the job lease."""
+        """Publish what is queued for the tables, then release the job lease."""
+        self.tables.close()
         self.lease.release()
 
 
@@ -81,7 +90,9 @@ def open_output(spec: JobSpec, pipeline, run_id: str) -> OutputSession:
         raise
     log.info("%s: run %s writes generation %d (%s)", output, run_id, number,
              generations.generation_root(output, number))
-    return OutputSession(output, spec, number, job_lease)
+    session = OutputSession(output, spec, number, job_lease)
+    session.tables.start()   # reconcile the tables with the markers first
+    return session
 
 
 def _generation(output: str, spec: JobSpec, pipeline, run_id: str) -> int:

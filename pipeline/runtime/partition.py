@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from pipeline import __version__
 from pipeline.assembly import Pipeline
@@ -43,12 +43,15 @@ class AttemptOutcome:
     partition committed first, and this one deleted its files), and its ``rows`` by typed
     ``(status, reason)`` (for the metrics). ``models``: a worker with its own copies of
     the models (a worker process) adds their statistics so far, one dict per model in
-    the form of ``ModelActor.get_stats`` (for the job report)."""
+    the form of ``ModelActor.get_stats`` (for the job report). ``first_errors``: the
+    first few error rows as ``key: error`` (``AttemptStats.first_errors``), which the
+    driver logs."""
 
     marker: CommitMarker
     committed: bool
     rows: dict[tuple[str, str], int]
     models: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    first_errors: list[str] = dataclasses.field(default_factory=list)
 
 
 def new_attempt_id() -> str:
@@ -69,12 +72,14 @@ def _start_batch(batch: Batch, partition_id: str) -> Batch:
 
 
 def run_partition(pipeline: Pipeline, partition: Partition, attempt_id: str,
-                  pool: ThreadPoolExecutor, ran_on: dict[str, str] | None = None
-                  ) -> AttemptOutcome:
+                  pool: ThreadPoolExecutor, ran_on: dict[str, str] | None = None,
+                  on_rows: Callable[[int], None] | None = None) -> AttemptOutcome:
     """Run attempt ``attempt_id`` of ``partition`` through ``pipeline`` and commit it.
 
     ``pool``: threads for reads and row steps. ``ran_on`` (e.g. worker name, Ray node
-    id and the driver's ``run_id``) is recorded in the marker. The attempt holds a lease
+    id and the driver's ``run_id``) is recorded in the marker. ``on_rows(n)`` is called
+    with each batch's row count as it is handed to the datasinks (the worker's progress,
+    which the driver polls). The attempt holds a lease
     (``lease.AttemptLease``, renewed every ``runtime.lease_renew_s`` seconds) from before
     its first file until after its commit, so ``mmpipe gc`` spares its files. Before the
     commit it verifies every file it wrote (``checkpoint.verify_files``), that its lease
@@ -91,14 +96,15 @@ def run_partition(pipeline: Pipeline, partition: Partition, attempt_id: str,
     lease = AttemptLease(pipeline.spec.sink.uri, partition.partition_id, attempt_id,
                          rt.lease_s, rt.lease_renew_s, run_id).start()
     try:
-        return _attempt(pipeline, partition, attempt_id, pool, ran_on, lease)
+        return _attempt(pipeline, partition, attempt_id, pool, ran_on, lease,
+                        on_rows or (lambda n: None))
     finally:
         lease.release()
 
 
 def _attempt(pipeline: Pipeline, partition: Partition, attempt_id: str,
              pool: ThreadPoolExecutor, ran_on: dict[str, str] | None,
-             lease: AttemptLease) -> AttemptOutcome:
+             lease: AttemptLease, on_rows: Callable[[int], None]) -> AttemptOutcome:
     started = time.time()
     pid = partition.partition_id
     spec = pipeline.spec
@@ -118,8 +124,8 @@ def _attempt(pipeline: Pipeline, partition: Partition, attempt_id: str,
                 batch = _start_batch(batch, pid)
                 read += len(batch[STATUS])
                 for part in cut_batch(batch, pipeline.steps, spec.runtime.max_batch_bytes):
-                    _run_steps(pipeline, part, known, pending, stats)
-            _write_ready(pipeline, pending, stats, 1)
+                    _run_steps(pipeline, part, known, pending, stats, on_rows)
+            _write_ready(pipeline, pending, stats, 1, on_rows)
             _check_accounting(pid, pipeline.datasource.rows_planned(partition), read,
                               stats.rows_in)
             result = sum((s.on_write_complete() for s in pipeline.datasinks), WriteResult())
@@ -140,11 +146,12 @@ def _attempt(pipeline: Pipeline, partition: Partition, attempt_id: str,
                     pid, attempt_id)
         for sink in pipeline.datasinks:
             sink.on_write_failed(None)
-    return AttemptOutcome(marker, committed, dict(stats.rows))
+    return AttemptOutcome(marker, committed, dict(stats.rows), first_errors=stats.first_errors)
 
 
 def _run_steps(pipeline: Pipeline, batch: Batch, known: set[str],
-               pending: collections.deque, stats: AttemptStats) -> None:
+               pending: collections.deque, stats: AttemptStats,
+               on_rows: Callable[[int], None]) -> None:
     """Run the CPU steps over ``batch``, hand it to the models, write what is ready."""
     models = pipeline.models
     for step in pipeline.steps:
@@ -152,7 +159,7 @@ def _run_steps(pipeline: Pipeline, batch: Batch, known: set[str],
         _check_columns(batch, known, step.name)
     pending.append(models.start(batch))
     models.promote(pending)
-    _write_ready(pipeline, pending, stats, models.max_in_flight)
+    _write_ready(pipeline, pending, stats, models.max_in_flight, on_rows)
 
 
 def _check_commit(pipeline: Pipeline, marker: CommitMarker, lease: AttemptLease) -> None:
@@ -181,7 +188,7 @@ def _check_columns(batch: Batch, known: set[str], step: str) -> None:
 
 
 def _write_ready(pipeline: Pipeline, pending: collections.deque, stats: AttemptStats,
-                 max_in_flight: int) -> None:
+                 max_in_flight: int, on_rows: Callable[[int], None]) -> None:
     """Write finished batches from the front, and complete the oldest ones until fewer
     than ``max_in_flight`` wait (``1``: all of them)."""
     models = pipeline.models
@@ -190,6 +197,7 @@ def _write_ready(pipeline: Pipeline, pending: collections.deque, stats: AttemptS
         stats.count_rows(batch)
         for sink in pipeline.datasinks:
             sink.write(batch)
+        on_rows(len(batch[STATUS]))
 
 
 def _marker(pipeline: Pipeline, partition: Partition, attempt_id: str, result: WriteResult,

@@ -8,11 +8,14 @@ finished. While the bar is shown the driver's and Ray's log lines go through
 instead of shredding it. Off a terminal (a file, a pipe, a Ray job's log) it logs one plain
 line at the start, every ``interval_s`` seconds and at the end, with no ANSI codes::
 
-    progress: 30/57 records (2/4 partitions), 12.3 records/s, elapsed 8s
+    progress: 30/57 records (12 in flight, 2/4 partitions), 12.3 records/s, elapsed 8s
+    workers: PartitionWorker-0 p-000002 (12 records); 1 idle
 
-Counts move when a partition finishes (committed, or failed after its last attempt); the
-driver calls ``tick()`` about once a second so the time-based lines come even while no
-partition finishes.
+Records move per batch: the count is the records of finished partitions (committed, or
+failed after their last attempt) plus those the attempts still running have written so
+far ("in flight": not committed yet, and lost if their attempt fails), which the driver
+polls from its workers every tick (``in_flight``). The driver calls ``tick()`` about once a
+second so the time-based lines come even while no partition finishes.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ class Progress:
     ``records_total``: records planned for the partitions of this run, or None if unknown;
     ``partitions_total``: partitions this run processes; ``interval_s``: seconds between
     plain lines off a terminal (``runtime.progress_interval_s``). Call ``update`` per
-    finished partition, ``tick`` while waiting, ``close`` once at the end (also after an
-    error or an interrupt: it prints the final line).
+    finished partition, ``in_flight`` with the running attempts' records, ``tick`` while
+    waiting, ``close`` once at the end (also after an error or an interrupt: it prints the
+    final line).
     """
 
     def __init__(self, records_total: int | None, partitions_total: int, interval_s: float,
@@ -46,7 +50,8 @@ class Progress:
         self.records_total, self.partitions_total = records_total, partitions_total
         self.interval_s = interval_s
         self.stream = stream if stream is not None else sys.stderr
-        self.records = self.partitions = 0
+        self.records = self.partitions = self.flight = 0
+        self.workers = ""
         self.t0 = self.last = time.monotonic()
         self.bar: tqdm | None = None
         self._redirect = contextlib.ExitStack()
@@ -63,9 +68,21 @@ class Progress:
         """Count one finished partition (``records`` rows out; 0 for a failed one)."""
         self.partitions += 1
         self.records += records
+        self._show()
+
+    def in_flight(self, records: int, workers: str = "") -> None:
+        """Set the records written so far by the attempts still running (not committed);
+        ``workers`` (what each worker holds) is logged under each plain line."""
+        self.workers = workers
+        if records != self.flight:
+            self.flight = records
+            if self.bar is not None:
+                self._show()
+
+    def _show(self) -> None:
         if self.bar is not None:
             self.bar.set_postfix_str(self._partitions(), refresh=False)
-            self.bar.update(records)
+            self.bar.update(self.records + self.flight - self.bar.n)
         else:
             self.tick()
 
@@ -89,15 +106,19 @@ class Progress:
         """The plain progress line (what is logged off a terminal)."""
         elapsed = time.monotonic() - self.t0
         of = "" if self.records_total is None else f"/{self.records_total}"
-        return (f"progress: {self.records}{of} records ({self._partitions()}), "
-                f"{self.records / max(elapsed, 1e-9):.1f} records/s, elapsed {elapsed:.0f}s")
+        done = self.records + self.flight
+        return (f"progress: {done}{of} records ({self._partitions()}), "
+                f"{done / max(elapsed, 1e-9):.1f} records/s, elapsed {elapsed:.0f}s")
 
     def _partitions(self) -> str:
-        return f"{self.partitions}/{self.partitions_total} partitions"
+        flight = f"{self.flight} in flight, " if self.flight else ""
+        return f"{flight}{self.partitions}/{self.partitions_total} partitions"
 
     def _line(self) -> None:
         self.last = time.monotonic()
         log.info("%s", self.line())
+        if self.workers:
+            log.info("workers: %s", self.workers)
 
 
 def _is_tty(stream: TextIO) -> bool:

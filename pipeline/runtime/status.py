@@ -55,7 +55,9 @@ def output_status(output_uri: str) -> dict[str, Any]:
     ``writer``: the run that holds the output's job lease now (None if none);
     ``calibrations``: the threshold calibrations under ``_calibration/``
     (``pipeline.calibration.list_calibrations``, each with ``stale``: measured on another
-    generation than the one readers read); ``problems``: files read past because they are damaged (``_SUCCESS``; a damaged
+    generation than the one readers read); ``table``: the Delta table's version and
+    whether it lists every committed partition (``output.table.state``; None if none);
+    ``problems``: files read past because they are damaged (``_SUCCESS``; a damaged
     ``_failures/`` record shows as that partition's error). Raises
     ``NotAnOutput`` if there is no ``_plan/``, ``_checkpoints/`` or ``_generations/`` at
     ``output_uri``.
@@ -107,8 +109,21 @@ def output_status(output_uri: str) -> dict[str, Any]:
         "writer": _writer(output_uri),
         "calibrations": _calibrations(output_uri, readable or (gens[-1] if gens else None),
                                       problems),
+        "table": _table(output_uri, problems),
         "problems": problems,
     }
+
+
+def _table(output_uri: str, problems: list[str]) -> dict[str, Any] | None:
+    """The data table's ``output.table.state`` (version, partitions it lists, committed,
+    ``in_step``); None if there is none; an unreadable one is a problem."""
+    from pipeline.output.table import state
+
+    try:
+        return state(output_uri)
+    except Exception as e:  # noqa: BLE001 - a damaged log: named, status goes on
+        problems.append(f"Delta table of {output_uri}: {type(e).__name__}: {str(e)[:300]}")
+        return None
 
 
 def _calibrations(output_uri: str, read_gen, problems: list[str]) -> list[dict[str, Any]]:
@@ -204,6 +219,12 @@ def format_status(status: dict[str, Any]) -> str:
                                             for r, n in runs.items()))
     if s.get("writer"):
         lines.append(f"  running now: {s['writer']['holder']}")
+    t = s.get("table")
+    if t:
+        lines.append(f"  Delta table: version {t['version']}, {t['partitions']} of "
+                     f"{t['committed']} committed partitions" + (
+                         "" if t["in_step"] else f" (behind: run `mmpipe table "
+                         f"{s.get('output', 'OUTPUT')}`)"))
     for c in s.get("calibrations") or []:
         lines.append(f"  calibration {c['name']!r} (generation {c['generation']}"
                      f"{', STALE: another generation' if c['stale'] else ''}, target precision "

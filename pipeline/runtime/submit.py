@@ -41,7 +41,7 @@ import uuid
 from pathlib import Path
 
 from pipeline.errors import MmpipeError
-from pipeline.runtime import job_env
+from pipeline.runtime import head, job_env
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +306,9 @@ def _submit_with_retry(jobs, entrypoint: str, runtime_env: dict, sid: str,
                                    submission_id=sid, metadata=metadata,
                                    entrypoint_num_cpus=0)
         except RuntimeError as e:
+            port_taken = head.submit_failure(str(e))   # the agent lost its port: one line
+            if port_taken:
+                raise SubmitError(f"submit failed: {port_taken}") from e
             if "No available agent" not in str(e) or time.time() > deadline:
                 raise SubmitError(f"submit failed: {_first_line(e)}") from e
             time.sleep(2)

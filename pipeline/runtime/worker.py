@@ -31,6 +31,12 @@ class PartitionWorker:
     ``fingerprint`` is the driver's, checked against this worker's assembly; ``run_id``
     the driver's run id, recorded in each commit marker's ``ran_on``. Storage settings
     (endpoint, region, retries) come from the spec, never this process's environment.
+
+    Progress: each batch written adds to ``records`` (the running attempt's rows so far,
+    0 between attempts), which ``status()`` returns (on Ray from the ``status``
+    concurrency group, so the driver can ask while ``run`` works), a worker process
+    copies into ``shared_records`` (a ``multiprocessing.Value`` the driver reads) and
+    the ``mmpipe_worker_records`` gauge shows.
     """
 
     def __init__(self, spec_json: str, fingerprint: str, index: int, model_pools: list,
@@ -76,11 +82,14 @@ class PartitionWorker:
                                f"the driver {fingerprint}: different mmpipe versions?")
         self.pipeline.datasource = self.metrics.count_reads(self.pipeline.datasource)
         self.current = "idle"
+        self.attempt, self.records = "", 0
+        self.shared_records = None   # a worker process: its multiprocessing.Value
 
     def run(self, partition_id: str, attempt_id: str) -> AttemptOutcome:
         """Read partition ``partition_id`` from the plan, process and commit it; return
         the outcome (the commit marker and whether this attempt committed it)."""
         self.current = f"{partition_id}/a-{attempt_id}"
+        self.attempt = attempt_id
         metrics.show_actor_state(self)  # the log prefix names the partition in hand
         started = time.perf_counter()
         chaos.maybe_kill_worker(partition_id)
@@ -95,12 +104,13 @@ class PartitionWorker:
             out = run_partition(self.pipeline, partition, attempt_id, self.pool,
                                 ran_on={"worker": f"PartitionWorker-{self.index}",
                                         "node_id": _node_id(),
-                                        "run_id": self.run_id})
+                                        "run_id": self.run_id}, on_rows=self._rows)
         except BaseException:
             self.metrics.partition_failed(time.perf_counter() - started)
             raise
         finally:
-            self.current = "idle"
+            self.current, self.attempt = "idle", ""
+            self._rows(-self.records)
         self.metrics.partition_done(out, time.perf_counter() - started)
         if getattr(self, "own_models", None):
             out = dataclasses.replace(out, models=self.model_stats())
@@ -108,6 +118,20 @@ class PartitionWorker:
                  f"committed {out.marker.rows_in} records" if out.committed
                  else "lost the commit race", out.marker.duration_s)
         return out
+
+    def _rows(self, n: int) -> None:
+        """Count ``n`` more rows written by the running attempt (``-records``: reset)."""
+        self.records += n
+        if self.shared_records is not None:
+            self.shared_records.value = self.records
+        self.metrics.attempt_records(self.records)
+
+    def status(self) -> dict:
+        """What this worker does now: ``{"worker": "PartitionWorker-<i>", "state":
+        "idle" | "p-000042/a-<attempt>", "attempt": attempt id ("" when idle),
+        "records": rows its running attempt has written}``."""
+        return {"worker": f"PartitionWorker-{self.index}", "state": self.current,
+                "attempt": self.attempt, "records": self.records}
 
     def model_stats(self) -> list[dict]:
         """The statistics of this worker's own model copies (``serving.server_stats``,
@@ -124,7 +148,12 @@ class PartitionWorker:
         return True
 
     def __repr__(self) -> str:
-        return f"PartitionWorker-{self.index}({getattr(self, 'current', 'starting')})"
+        """``PartitionWorker-3(p-000042/a-<attempt>)`` while an attempt runs, else
+        ``PartitionWorker-3``: Ray reads it once, after ``__init__``, for the dashboard's
+        actors table (where a state would stay frozen); ``metrics.show_actor_state``
+        re-announces it as the prefix of the actor's log lines."""
+        current = getattr(self, "current", "idle")
+        return f"PartitionWorker-{self.index}" + ("" if current == "idle" else f"({current})")
 
 
 def _node_id() -> str:

@@ -106,6 +106,27 @@ def _client(endpoint_url: str | None, region: str):
     return boto3.client("s3", endpoint_url=endpoint_url, region_name=region, config=cfg)
 
 
+def delta_options() -> dict[str, str]:
+    """delta-rs ``storage_options`` for the current settings: the endpoint
+    (``AWS_ALLOW_HTTP`` for an ``http://`` one), the region, the credentials the boto3
+    chain resolves now (environment, profile, web identity), and conditional puts
+    (``conditional_put: etag``: a log entry is created with ``If-None-Match: *``, so of two
+    writers of one table version exactly one commits; SeaweedFS and AWS S3 honour it)."""
+    s = SETTINGS.resolved()
+    out = {"AWS_REGION": s.region, "conditional_put": "etag"}
+    if s.endpoint_url:
+        out["AWS_ENDPOINT_URL"] = s.endpoint_url
+        if s.endpoint_url.startswith("http://"):
+            out["AWS_ALLOW_HTTP"] = "true"
+    credentials = client()._request_signer._credentials  # noqa: SLF001 - the chain's
+    if credentials is not None:
+        frozen = credentials.get_frozen_credentials()
+        out.update(AWS_ACCESS_KEY_ID=frozen.access_key, AWS_SECRET_ACCESS_KEY=frozen.secret_key)
+        if frozen.token:
+            out["AWS_SESSION_TOKEN"] = frozen.token
+    return out
+
+
 def put_if_absent(uri: str, data: bytes) -> bool:
     """``PutObject`` with ``If-None-Match: *``: True if created, False on 412 (it exists).
 

@@ -10,7 +10,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,21 +19,9 @@ from pathlib import Path
 
 import psutil
 
+from pipeline.runtime.local_ray import free_ports
+
 RAY = str(Path(sys.executable).with_name("ray"))
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on 127.0.0.1 right now."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclasses.dataclass
@@ -48,6 +35,7 @@ class LocalHead:
     env: dict[str, str]
     proc: subprocess.Popen
     temp_dir: Path
+    session_dir: Path | None = None   # the head's session (its processes' files are there)
 
     def client_env(self, **extra: str) -> dict[str, str]:
         """Environment for a client process (``mmpipe submit``): same HOME, the token."""
@@ -59,7 +47,8 @@ class LocalHead:
             procs = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             procs = []
-        procs += [p for p in _session_processes(self.temp_dir) if p not in procs]
+        procs += [p for p in _session_processes(self.session_dir or self.temp_dir)
+                  if p not in procs]
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(grace_s)
@@ -76,7 +65,8 @@ class LocalHead:
 
 
 def _session_processes(temp_dir: Path) -> list[psutil.Process]:
-    """Processes whose command line names this head's temp dir (raylet, gcs, agents)."""
+    """Processes whose command line names this head's temp (or session) dir (raylet, gcs,
+    agents)."""
     out = []
     for p in psutil.process_iter(["cmdline"]):
         try:
@@ -88,8 +78,15 @@ def _session_processes(temp_dir: Path) -> list[psutil.Process]:
 
 
 def start_head(base: Path, num_cpus: int = 2, timeout_s: float = 90,
-               extra_env: dict[str, str] | None = None, venv_on_path: bool = True) -> LocalHead:
+               extra_env: dict[str, str] | None = None, venv_on_path: bool = True,
+               ray_tmpdir: Path | None = None, agent_port: int | None = None) -> LocalHead:
     """Start a head on 127.0.0.1 with token auth; return once job submission works.
+
+    ``ray_tmpdir``: start it as a plain ``ray start`` under ``RAY_TMPDIR=ray_tmpdir`` does
+    (temp dir ``ray_tmpdir/ray``), so its ``ray_current_cluster`` file is the one a
+    ``ray.init`` under the same ``RAY_TMPDIR`` reads; keep the path short (Ray's socket
+    paths must stay under 107 bytes). Default: a temp dir of its own. ``agent_port``: the
+    dashboard agent's HTTP port (default a free one).
 
     ``venv_on_path``: put this virtual environment's ``bin`` first on the head's PATH (as
     an activated venv does); False removes it from PATH, as for a user who runs
@@ -97,10 +94,12 @@ def start_head(base: Path, num_cpus: int = 2, timeout_s: float = 90,
     entrypoint is then not this venv's."""
     home = base / "home"
     # Ray's unix socket paths must stay under 107 bytes: a short temp dir, not pytest's
-    temp_dir = Path(tempfile.mkdtemp(prefix="mmpipe-ray-"))
+    temp_dir = (ray_tmpdir / "ray") if ray_tmpdir else \
+        Path(tempfile.mkdtemp(prefix="mmpipe-ray-"))
     home.mkdir(parents=True, exist_ok=True)
     (gcs, dash, metrics, agent_http, agent_grpc, rt_env, client, node_mgr,
      obj_mgr) = free_ports(9)
+    agent_http = agent_port or agent_http
     token = secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}
     venv_bin = str(Path(sys.executable).parent)
@@ -111,6 +110,8 @@ def start_head(base: Path, num_cpus: int = 2, timeout_s: float = 90,
                HOME=str(home), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token,
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",   # bind and advertise 127.0.0.1 only
                RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1", **(extra_env or {}))
+    if ray_tmpdir:
+        env["RAY_TMPDIR"] = str(ray_tmpdir)
     cmd = [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1",
            f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
            f"--metrics-export-port={metrics}", f"--dashboard-agent-listen-port={agent_http}",
@@ -128,6 +129,7 @@ def start_head(base: Path, num_cpus: int = 2, timeout_s: float = 90,
     except BaseException:
         head.stop()
         raise
+    head.session_dir = (temp_dir / "session_latest").resolve()   # before another Ray moves it
     return head
 
 

@@ -92,12 +92,14 @@ def pip_installs(commands: list[str]) -> list[list[str]]:
     return out
 
 
-def makefile_install_commands(*make_args: str) -> tuple[list[str], dict[str, str]]:
-    """The commands ``make install`` runs, as make expands them (``make -n -B``: printed,
-    not run), and the Makefile's ``?=`` defaults."""
+def makefile_install_commands(*make_args: str, target: str = "install") -> tuple[
+        list[str], dict[str, str]]:
+    """The commands ``make TARGET`` runs (``install``: the runtime; ``dev``: the runtime and
+    the test toolchain), as make expands them (``make -n -B``: printed, not run), and the
+    Makefile's ``?=`` defaults."""
     text = (REPO / "Makefile").read_text()
     variables = dict(re.findall(r"^(\w+) \?= ?(.*)$", text, re.MULTILINE))
-    done = subprocess.run(["make", "-n", "-B", "install", *make_args], cwd=REPO,
+    done = subprocess.run(["make", "-n", "-B", target, *make_args], cwd=REPO,
                           check=False,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -189,10 +191,18 @@ def test_locks_satisfy_every_project_requirement():
 
 
 def test_make_installs_with_the_lock_as_constraints():
+    """``make install`` (and so ``make quickstart``) installs the runtime only: mmpipe with
+    no extra; ``make dev`` (and so ``make test``) adds the ``test`` extra; both with the
+    lock as constraints."""
     make_lines, make_vars = makefile_install_commands()
-    installs = [line for line in make_lines if "pip install" in line and ".[test]" in line]
+    installs = [line for line in make_lines if "pip install" in line and " -e " in line]
     assert installs and all("-c requirements/constraints.txt" in line for line in installs), \
         make_lines
+    assert [line.split(" -e ")[1].split()[0] for line in installs] == ["."], make_lines
+    dev_lines, _ = makefile_install_commands(target="dev")
+    dev = [line for line in dev_lines if "pip install" in line and " -e " in line]
+    assert [line.split(" -e ")[1].split()[0] for line in dev] == [".", '".[test]"'], dev_lines
+    assert all("-c requirements/constraints.txt" in line for line in dev), dev_lines
     assert make_vars["TORCH"] == f"torch=={lock.TORCH}"
 
 

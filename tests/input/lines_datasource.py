@@ -1,6 +1,7 @@
 """A datasource added the documented way (DESIGN.md, "Extending the pipeline", "Add a
-datasource"): this one module, a ``Datasource`` subclass, plus its entry in
-``input.DATASOURCES`` (the test maps a kind to it).
+datasource"): this one module, a ``Datasource`` subclass, named in the spec as
+``source: {kind: plugin, uses: tests.input.lines_datasource:LinesDatasource}``
+(``pipeline.plugins``; a built-in one would be an entry in ``input.DATASOURCES``).
 
 ``source.uri`` is a UTF-8 text file with one media path per line (absolute, or relative
 to the file's folder; blank lines and ``#`` comments skipped); each line is one record,

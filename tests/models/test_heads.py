@@ -252,12 +252,16 @@ def test_spec_rules_and_declared_columns():
 def test_empty_heads_leave_the_fingerprint_of_an_existing_image_embedding_job_alone():
     """A job written before heads existed resumes: with no heads and no zero-shot
     classifiers, the image-embedding step's settings (and so the fingerprint) are what they
-    were (examples/clip_blip.yaml's fingerprint before issue 26: 5f7c46904af3d7ec)."""
+    were (examples/clip_blip.yaml's fingerprint before issue 26: 5f7c46904af3d7ec; the
+    example read the photos' manifest then, without the dataset-wide dedup pass)."""
     from pipeline.assembly import assemble
     from pipeline.spec import load_spec
     from pipeline.steps.model import ModelStep
 
-    spec = load_spec(REPO / "examples" / "clip_blip.yaml")
+    as_before = ["source.kind=manifest", "source.uri=data/photos/captions.jsonl",
+                 "source.path_column=file", "source.caption_column=captions",
+                 "source.key_column=key", "dedup.dataset.enabled=false"]
+    spec = load_spec(REPO / "examples" / "clip_blip.yaml", as_before)
     step = ModelStep("image_embedding", spec.image_embedding)
     assert not {"heads", "zero_shot"} & set(step.settings())
     assert assemble(spec).fingerprint == "5f7c46904af3d7ec"

@@ -1,6 +1,7 @@
 """A datasink added the documented way (DESIGN.md, "Extending the pipeline", "Add a
 datasink"): this one module, a ``FileDatasink`` subclass with its ``name`` and
-``directory``, plus its entry in ``assembly.DATASINK_FACTORIES`` (the test adds it).
+``directory``, named in the spec's ``sink.datasinks`` by import path (``pipeline.plugins``;
+a built-in one would be an entry in ``assembly.DATASINK_FACTORIES``).
 
 It writes the keys of an attempt's ``ok`` rows, one per line, to
 ``keys/<pid>/a-<attempt>/keys.txt``; ``delay_s`` makes each batch slow, so a test can run

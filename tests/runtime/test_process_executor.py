@@ -18,13 +18,16 @@ from tests.conftest import REPO
 from tests.e2e.jobs import clean_ray_env
 
 NO_MODEL = ["--set", "text_embedding.enabled=false"]
+# the example runs the dataset-wide dedup pass (Ray tasks); these tests are about the
+# partition workers, so every run leaves it out unless its own --set turns it on again
+NO_DATASET_PASS = ["--set", "dedup.dataset.enabled=false"]
 
 
 def mmpipe_run(out: Path, home: Path, *extra: str, env: dict | None = None,
                timeout_s: float = 300) -> subprocess.CompletedProcess:
     """``python -m pipeline run examples/images.yaml --output OUT ...`` as a user runs it."""
     cmd = [sys.executable, "-m", "pipeline", "run", "examples/images.yaml",
-           "--output", str(out), *extra]
+           "--output", str(out), *NO_DATASET_PASS, *extra]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
                           env=clean_ray_env(HOME=str(home), HF_HUB_OFFLINE="1", **(env or {})))
 

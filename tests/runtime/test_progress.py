@@ -169,3 +169,18 @@ def test_run_without_an_address_starts_its_own_ray_never_joins_one(monkeypatch):
     assert cli.main(args) == 130 and seen == ["local"]
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")
     assert cli.main(args) == 130 and seen == ["local", "127.0.0.1:6390"]
+
+
+def test_records_in_flight_move_the_count_before_a_partition_commits(caplog, tmp_path):
+    caplog.set_level(logging.INFO, logger="pipeline.runtime.progress")
+    with open(tmp_path / "err.txt", "w") as stream:
+        p = Progress(57, 4, interval_s=0, stream=stream)
+        p.in_flight(12, "PartitionWorker-0 p-000000 (12 records); 1 idle or starting")
+        p.tick()
+        p.in_flight(3, "PartitionWorker-1 p-000001 (3 records); 1 idle or starting")
+        p.update("p-000000", 15)                          # p-000000 done: 15 + 3
+        p.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[1].startswith("progress: 12/57 records (12 in flight, 0/4 partitions), ")
+    assert lines[2] == "workers: PartitionWorker-0 p-000000 (12 records); 1 idle or starting"
+    assert lines[3].startswith("progress: 18/57 records (3 in flight, 1/4 partitions), ")
