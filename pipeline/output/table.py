@@ -32,7 +32,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import posixpath
+import stat
 import threading
 
 import pyarrow as pa
@@ -146,7 +148,21 @@ def _commit(uri: str, adds: list, schema: pa.Schema, replace: bool, what: str) -
     else:
         table.create_write_transaction(adds, "overwrite" if replace else "append",
                                        _schema(schema), commit_properties=props)
+    _restrict(uri)
     return DeltaTable(uri, storage_options=storage_options(uri)).version()
+
+
+def _restrict(uri: str) -> None:
+    """Give a local table's ``_delta_log`` folders and files the modes of the output's other
+    files (``fs.local_modes``: owner-only by default); delta-rs creates them by the umask."""
+    if not fs.is_local(uri):
+        return
+    file_mode, dir_mode = fs.local_modes()
+    log_dir = os.path.join(fs.resolve(uri)[1], DELTA_LOG)
+    for here, dirs, files in os.walk(log_dir):
+        for path, mode in [(here, dir_mode)] + [(os.path.join(here, f), file_mode) for f in files]:
+            if stat.S_IMODE(os.lstat(path).st_mode) != mode:
+                os.chmod(path, mode)
 
 
 def _paths(table) -> list[str]:

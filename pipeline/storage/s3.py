@@ -115,7 +115,9 @@ def delta_options() -> dict[str, str]:
     s = SETTINGS.resolved()
     out = {"AWS_REGION": s.region, "conditional_put": "etag"}
     if s.endpoint_url:
-        out["AWS_ENDPOINT_URL"] = s.endpoint_url
+        # both names: delta-rs takes AWS_ENDPOINT_URL_S3 from the environment over an
+        # AWS_ENDPOINT_URL option (a node's environment must not move the job's storage)
+        out["AWS_ENDPOINT_URL"] = out["AWS_ENDPOINT_URL_S3"] = s.endpoint_url
         if s.endpoint_url.startswith("http://"):
             out["AWS_ALLOW_HTTP"] = "true"
     credentials = client()._request_signer._credentials  # noqa: SLF001 - the chain's

@@ -278,7 +278,7 @@ def test_t3_06_a_project_folder_is_refused_then_its_files_survive_gc_and_overwri
     assert second.complete and second.fingerprint != first.fingerprint
     left = _tree(project)
     assert {k: v for k, v in left.items() if k in users} == users
-    assert not [k for k in left if k not in users and not k.startswith(("_generations", "_job"))]
+    assert not [k for k in left if k not in users and not k.startswith(("_generations", "_job", "_delta_log"))]
     assert cli.main(["gc", str(project)]) == 0
     assert {k: v for k, v in _tree(project).items() if k in users} == users
     assert generations.read_root(str(project)).endswith("/_generations/g-000002")
