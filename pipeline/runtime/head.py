@@ -30,8 +30,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
-
 from pipeline.errors import MmpipeError
 from pipeline.runtime import local_ray
 
@@ -164,16 +162,7 @@ def running(temp_dir: Path = DEFAULT_DIR) -> Head | None:
 def stop(temp_dir: Path | str = DEFAULT_DIR) -> int:
     """Stop the processes of ``temp_dir``'s Ray sessions (no other Ray's); return how many."""
     procs = local_ray.session_processes(str(temp_dir))
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    for p in psutil.wait_procs(procs, timeout=STOP_GRACE_S)[1]:   # still alive: SIGKILL
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    local_ray.stop_processes(procs, STOP_GRACE_S)
     (Path(temp_dir) / RECORD).unlink(missing_ok=True)
     return len(procs)
 

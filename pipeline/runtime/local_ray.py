@@ -167,7 +167,7 @@ def cleanup_stale(state_dir: Path | None = None) -> int:
             continue
         procs = session_processes(rec["session_dir"])
         if procs:
-            _stop(procs)
+            stop_processes(procs)
             stopped += len(procs)
             log.warning("stopped %d processes of a local Ray left by a killed mmpipe run "
                         "(driver pid %s, %s)", len(procs), rec.get("driver_pid"),
@@ -209,19 +209,21 @@ def session_processes(session_dir: str) -> list[psutil.Process]:
     return found
 
 
-def _stop(procs: list[psutil.Process]) -> None:
+def stop_processes(procs: list[psutil.Process], grace_s: float = TERM_GRACE_S) -> None:
+    """SIGTERM ``procs``, SIGKILL those still alive after ``grace_s`` seconds, and wait up
+    to ``grace_s`` more for them to go."""
     for p in procs:
         try:
             p.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=TERM_GRACE_S)
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for p in alive:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=TERM_GRACE_S)
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def _alive(pid: int | None, started: float | None) -> bool:

@@ -5,6 +5,7 @@ every Ray on the machine)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -75,6 +76,20 @@ def _session_processes(temp_dir: Path) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return out
+
+
+@contextlib.contextmanager
+def head_under_ray_tmpdir(base: Path, prefix: str, **kwargs):
+    """``start_head`` under a new short ``RAY_TMPDIR`` (``prefix``: its name's start), as a
+    user's plain ``ray start`` there; yields ``(head, ray_tmpdir)``, then stops the head
+    and removes the folder."""
+    ray_tmpdir = Path(tempfile.mkdtemp(prefix=prefix))  # short: Ray's socket paths
+    head = start_head(base, ray_tmpdir=ray_tmpdir, **kwargs)
+    try:
+        yield head, ray_tmpdir
+    finally:
+        head.stop()
+        shutil.rmtree(ray_tmpdir, ignore_errors=True)
 
 
 def start_head(base: Path, num_cpus: int = 2, timeout_s: float = 90,

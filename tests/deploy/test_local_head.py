@@ -24,7 +24,7 @@ import pytest
 
 from pipeline.runtime import head as local_head
 from tests.conftest import REPO
-from tests.deploy.local_head import start_head
+from tests.deploy.local_head import head_under_ray_tmpdir
 from tests.e2e.jobs import clean_ray_env
 from tests.test_readme import readme_commands
 
@@ -45,14 +45,9 @@ def other_ray(tmp_path_factory, held_port):
     """Another Ray: a ``ray start`` head under its own RAY_TMPDIR (so it is the newest
     session of Ray's default temp dir for a client with that RAY_TMPDIR) whose agent port
     is held; yields (head, ray_tmpdir)."""
-    ray_tmpdir = Path(tempfile.mkdtemp(prefix="mmpipe-other-"))
-    head = start_head(tmp_path_factory.mktemp("other-head"), num_cpus=1,
-                      ray_tmpdir=ray_tmpdir, agent_port=held_port)
-    try:
-        yield head, ray_tmpdir
-    finally:
-        head.stop()
-        shutil.rmtree(ray_tmpdir, ignore_errors=True)
+    with head_under_ray_tmpdir(tmp_path_factory.mktemp("other-head"), "mmpipe-other-",
+                               num_cpus=1, agent_port=held_port) as other:
+        yield other
 
 
 def client_env(other_ray, home: Path) -> dict[str, str]:

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.deploy.local_head import start_head
+from tests.deploy.local_head import head_under_ray_tmpdir
 from tests.e2e.jobs import clean_ray_env
 from tests.test_readme import readme_commands
 
@@ -31,19 +29,14 @@ from tests.test_readme import readme_commands
 def foreign(tmp_path_factory):
     """A foreign head whose ``ray_current_cluster`` is where a ``ray.init`` under
     ``RAY_TMPDIR=<its dir>`` looks; yields (head, ray_tmpdir)."""
-    ray_tmpdir = Path(tempfile.mkdtemp(prefix="mmpipe-foreign-"))  # short: Ray's socket paths
-    head = start_head(tmp_path_factory.mktemp("foreign-head"), num_cpus=1,
-                      ray_tmpdir=ray_tmpdir)
-    try:
+    with head_under_ray_tmpdir(tmp_path_factory.mktemp("foreign-head"), "mmpipe-foreign-",
+                               num_cpus=1) as (head, ray_tmpdir):
         # `ray start` writes the file once its node is up, which can be after the job API
         registered = ray_tmpdir / "ray" / "ray_current_cluster"
         deadline = time.time() + 60
         while not registered.exists() and time.time() < deadline:
             time.sleep(0.2)
         yield head, ray_tmpdir
-    finally:
-        head.stop()
-        shutil.rmtree(ray_tmpdir, ignore_errors=True)
 
 
 def user_env(foreign, home: Path) -> dict[str, str]:
