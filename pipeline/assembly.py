@@ -48,14 +48,16 @@ from pipeline.errors import AssemblyError
 from pipeline.input import make_datasource
 from pipeline.input.base import Datasource
 from pipeline.output.sinks.base import Datasink, FileDatasink
+from pipeline.output.sinks.clips import ClipDatasink
 from pipeline.output.sinks.parquet import ParquetDatasink
 from pipeline.output.sinks.quarantine import QuarantineDatasink
 from pipeline.output.sinks.webdataset import WebDatasetDatasink
 from pipeline.records import Partition
 from pipeline.spec import MODEL_SECTIONS, JobSpec
-from pipeline.steps import caption_signals
+from pipeline.steps import caption_signals, clip_signals
 from pipeline.steps.base import RowStep, Step
 from pipeline.steps.caption import CaptionStep
+from pipeline.steps.clips import ClipEncodeStep, ClipSplitStep
 from pipeline.steps.dedup import DedupStep
 from pipeline.steps.image import (
     DecodeStep,
@@ -83,6 +85,8 @@ STEP_FACTORIES: list[Callable[[JobSpec], Step | None]] = [
     lambda spec: caption_signals.from_spec(spec, fs.read_bytes),  # signals.caption
     image_signals_step,  # signals.image
     ocr_step,  # signals.ocr
+    clip_signals.signals_step,  # video: filters.clips, video.clips, dedup.dataset.frames
+    clip_signals.filter_step,  # video: filters.clips bounds
 ]
 #: Added datasinks: ``factory(spec) -> Datasink | None`` (None: not enabled by this spec),
 #: after the built-in ones. Adding a datasink is one new module under
@@ -101,12 +105,17 @@ class Pipeline:
     models: ModelStages
     datasinks: list[Datasink]
     plugins: list[plugins.Plugin] = dataclasses.field(default_factory=list)
+    #: ``video.clips``: turns each read batch's video rows into clip rows before the steps
+    splitter: ClipSplitStep | None = None
 
     @property
     def parts(self) -> list[Step]:
-        """Every step, CPU and model, with the filters between model stages."""
-        return self.steps + [p for stage, filters in zip(self.models.stages, self.models.filters)
-                             for p in stage + filters]
+        """Every step (the clip splitter first), CPU and model, with the filters between
+        model stages."""
+        first = [self.splitter] if self.splitter is not None else []
+        return first + self.steps + [p for stage, filters in zip(self.models.stages,
+                                                                 self.models.filters)
+                                     for p in stage + filters]
 
     @property
     def writes(self) -> set[str]:
@@ -167,6 +176,11 @@ class Pipeline:
                  f"media {self.spec.source.media})",
                  f"  writes {', '.join(ds.writes)}", f"  settings {show(ds.settings())}",
                  "steps (in order)"]
+        if self.splitter is not None:
+            sp = self.splitter
+            lines += [f"  {sp.name} (one row per clip, before the batches are cut)",
+                      f"    reads {', '.join(sp.reads)}", f"    writes {', '.join(sp.writes)}",
+                      f"    settings {show(sp.settings())}"]
         for p in self.steps:
             lines += [f"  {p.name}", f"    reads {', '.join(p.reads) or '-'}",
                       f"    writes {', '.join(p.writes) or '-'}",
@@ -222,8 +236,11 @@ def _cpu_steps(spec: JobSpec, geometries: list, signals: SignalFilters | None = 
     inputs = [ModelInputStep(geometries)] if takes_images else []
     if spec.source.media == "video":
         head: list[Step] = [CaptionStep(spec.captions),
-                            VideoDecodeStep(spec.video, spec.runtime.max_batch_bytes),
-                            FilterStep(spec.filters), DedupStep(spec.dedup)] + added
+                            VideoDecodeStep(spec.video, spec.runtime.max_batch_bytes)]
+        if spec.video.clips.writes_files:
+            head.append(ClipEncodeStep(spec.video.clips, spec.video.temp_dir,
+                                       spec.video.allow_playlists))
+        head += [FilterStep(spec.filters), DedupStep(spec.dedup)] + added
         return (head + _cpu_signal_filter(signals, source_writes, head) + inputs
                 + [VideoFramesStep(spec.resize)])
     # JPEG draft decoding keeps the pixels large enough for every consumer
@@ -281,11 +298,14 @@ def _model_stages(spec: JobSpec, models: dict[str, tuple] | None,
 
 
 def _datasinks(spec: JobSpec) -> list[Datasink]:
-    sinks: list[Datasink] = [ParquetDatasink(spec.sink.uri, spec.sink)]
+    # the clip files first: ClipDatasink sets clip_path, which the others write
+    sinks: list[Datasink] = ([ClipDatasink(spec.sink.uri)] if spec.video.clips.writes_files
+                             else [])
+    sinks.append(ParquetDatasink(spec.sink.uri, spec.sink))
     if spec.sink.quarantine:
         sinks.append(QuarantineDatasink(spec.sink.uri, spec.sink))
     if spec.dedup.dataset.enabled:
-        sinks.append(IndexDatasink(spec.sink.uri, spec.dedup.dataset))
+        sinks.append(IndexDatasink(spec.sink.uri, spec.dedup.dataset, spec.frame_index))
     if spec.sink.webdataset.enabled:
         sinks.append(WebDatasetDatasink(spec.sink.uri, spec.sink.webdataset,
                                         spec.resize.encode_format))
@@ -336,7 +356,8 @@ def assemble(spec: JobSpec, models: dict[str, tuple] | None = None,
     user = [p.make() for p in loaded if p.field.startswith("steps[")]
     sinks = [p.make(spec.sink.uri) for p in loaded if p.field.startswith("sink.")]
     pipeline = Pipeline(spec, source, _cpu_steps(spec, geometries, signals, source.writes, user),
-                        _model_stages(spec, models, signals), _datasinks(spec) + sinks, loaded)
+                        _model_stages(spec, models, signals), _datasinks(spec) + sinks, loaded,
+                        _splitter(spec))
     signals.check_placed(pipeline.writes)
     _check_declared(pipeline)
     _check_reads(pipeline)
@@ -346,6 +367,13 @@ def assemble(spec: JobSpec, models: dict[str, tuple] | None = None,
         if setup:
             step.setup()
     return pipeline
+
+
+def _splitter(spec: JobSpec) -> ClipSplitStep | None:
+    """``video.clips`` on a video job: the step that fans video rows out into clip rows."""
+    if spec.source.media != "video" or not spec.video.clips.enabled:
+        return None
+    return ClipSplitStep(spec.video.clips, spec.video.allow_playlists, spec.runtime.batch_size)
 
 
 def _check_declared(pipeline: Pipeline) -> None:

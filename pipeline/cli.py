@@ -7,7 +7,10 @@ checks the input, the output and the models before Ray starts: ``runtime/preflig
 3 the run stopped on a runtime failure, not on the spec: storage kept failing past
 ``storage.outage_s`` (``EXIT_RUNTIME``; the message names the request; run it again to
 resume); ``mmpipe status``: 0 complete, 1 a partition failed, 2 not an output, 3 partitions
-pending, 4 a file it needs is damaged.
+pending, 4 a file it needs is damaged. A complete ``resume`` whose input listing grew exits 0
+with a warning naming ``--mode append`` (``inputs.not_planned`` in the report and status):
+its plan is done, and a non-zero code would make a RayJob or script retry it for ever;
+a cron job runs ``--mode append``, which exits 0 when nothing is new.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", help="override sink.uri")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any field, e.g. --set source.partition_size=8 (repeatable)")
-    p.add_argument("--mode", choices=["resume", "overwrite", "error-if-exists"],
+    p.add_argument("--mode", choices=["resume", "append", "overwrite", "error-if-exists"],
                    help="override runtime.mode")
 
 

@@ -134,6 +134,30 @@ DECODE_ERRORS = declare("decode_errors", pa.int32(), "Packets that failed to dec
 ROTATION_DEG = declare("rotation_deg", pa.int32(), "Clockwise rotation applied (degrees).")
 VIDEO_CODEC = declare("video_codec", pa.string(), "FFmpeg decoder name.")
 FRAMES_ENCODED = declare("frames", pa.list_(pa.binary()), "Sampled frames, encoded like image.")
+# --- video clips (video.clips; steps/clips.py) -------------------------------------------
+PARENT_KEY = declare("parent_key", pa.string(), "Clip rows: the key of the video the clip is "
+                     "from (the row's key is `<parent_key>/<clip_index>`).")
+CLIP_INDEX = declare("clip_index", pa.int32(), "Clip rows: the clip's index in its video "
+                     "(0-based, in time order).")
+CLIP_START_S = declare("clip_start_s", pa.float64(), "Clip rows: start of the clip in the "
+                       "video's presentation time (seconds, inclusive).")
+CLIP_END_S = declare("clip_end_s", pa.float64(), "Clip rows: end of the clip in the video's "
+                     "presentation time (seconds, exclusive).")
+CLIP_FRAMES = declare("clip_frames", pa.int32(), "Clip rows: frames of the source video in "
+                      "the clip span.")
+CLIP_PATH = declare("clip_path", pa.string(), "Clip rows: the clip file (H.264 MP4), relative "
+                    "to the output root (`clips/<partition>/a-<attempt>/...`).")
+CLIP_BYTES = declare("clip_bytes", pa.int64(), "Clip rows: size of the clip file (bytes).")
+# --- frame signals of video and clip rows (filters.clips, video.clips; steps/clip_signals.py)
+MOTION_SCORE = declare("motion_score", pa.float32(), "Mean Farneback optical-flow magnitude "
+                       "between consecutive sampled frames (pixels at 160 px wide per step; "
+                       "media.motion).")
+STATIC_FRACTION = declare("static_fraction", pa.float32(), "Fraction (0..1) of consecutive "
+                          "sampled frames whose pHashes are near identical (media.motion).")
+FRAME_PHASHES = declare("frame_phashes", pa.list_(pa.int64()), "pHash (like `phash`) of each "
+                        "sampled frame in time order; null for a flat (low-detail) frame.")
+BITRATE = declare("bitrate", pa.int64(), "Bits per second: the clip file's (clip rows with "
+                  "a file) or the source file's size over its duration.")
 # --- model outputs (typed by the model at assembly) -----------------------------------------
 TEXT_EMBEDDING = declare("text_embedding", None, "Caption embedding, L2-normalised.")
 IMAGE_EMBEDDING = declare("image_embedding", None, "Image (video: pooled) embedding.")
@@ -200,6 +224,10 @@ PIXELS = declare("_pixels", None, "Decoded (H, W, 3) uint8 RGB.", kind="internal
 SOURCE_PATH = declare("_source_path", None, "Video: a local file holding the media.",
                       kind="internal")
 FRAMES = declare("_frames", None, "Video: sampled (H, W, 3) uint8 RGB frames.", kind="internal")
+CLIP_SPAN = declare("_clip_span", None, "Clip rows: the media.clips.ClipSpan of the clip.",
+                    kind="internal")
+CLIP_FILE = declare("_clip_file", None, "Clip rows: local temporary path of the encoded clip "
+                    "(the worker's scratch dir; deleted once written).", kind="internal")
 MODEL_PIXELS = declare("_model_pixels_", None, "A model's (h, w, 3) uint8 input (video: "
                        "(F, h, w, 3)), one column per ImageGeometry.", kind="internal",
                        family=True)

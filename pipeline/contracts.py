@@ -76,6 +76,10 @@ class ModelInfo:
     ``text``: ``"required"`` (only rows with a caption are sent), ``"optional"`` (rows
     without one are sent with ``None``) or None. ``outputs``: the columns it returns.
     ``description``: backend, model location, device and dtype, for logs and reports.
+    ``frames``: frames per video row the model takes as one input: 1 (an image; a video
+    row's frames go one by one to an embedding model, its middle frame to the others) or
+    F > 1 (a window of F frames spread evenly over the row's sampled frames, ``pixels``
+    (n, F, H, W, 3); image rows still send (n, H, W, 3)).
     """
 
     backend: str
@@ -83,3 +87,4 @@ class ModelInfo:
     image: ImageGeometry | None = None
     text: Literal["required", "optional"] | None = None
     description: str = ""
+    frames: int = 1

@@ -42,6 +42,7 @@ class ErrorReason(str, enum.Enum):
     OUTSIDE_INPUT_ROOT = "outside_input_root"  # a path/object outside source roots
     NOT_A_FILE = "not_a_file"          # a FIFO, device, directory: only regular files
     EGRESS_REFUSED = "egress_refused"  # a URL resolving to a refused network address
+    INPUT_MISSING = "input_missing"    # a planned (or manifest-named) object that is not there
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +89,14 @@ class RejectReason(str, enum.Enum):
     FLAGGED_WORDS = "flagged_words"
     LOW_CAPTION_QUALITY = "low_caption_quality"
     SIGNAL = "signal"                  # a filter on any other column
+    NO_CLIPS = "no_clips"              # video.clips: the video yields no clip (too short)
+    # clip filters (``filters.clips``, ``steps/clip_signals.py``)
+    LOW_MOTION = "low_motion"
+    CLIP_DURATION = "clip_duration"    # shorter than min_duration_s or longer than max
+    LOW_FPS = "low_fps"
+    LOW_RESOLUTION = "low_resolution"
+    LOW_BITRATE = "low_bitrate"
+    STATIC = "static"
 
 
 def partition_name(index: int) -> str:

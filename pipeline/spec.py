@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, JsonValue,
-                      ValidationError, field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, JsonValue,
+                      Tag, ValidationError, field_validator, model_validator)
 
 from pipeline.errors import MAX_VALUE_CHARS, SpecError, clip, short_repr
 from pipeline.plugins import USES_PATTERN
@@ -446,6 +446,78 @@ class DownloadSpec(_Strict):
         return tuple(str(ipaddress.ip_network(v.strip(), strict=False)) for v in value)
 
 
+class ClipTranscodeSpec(_Strict):
+    """How each clip is written as its own file (H.264 in MP4 via PyAV/FFmpeg)."""
+
+    enabled: bool | None = Field(
+        None, description="Write a clip file per clip (`clip_path`, `clip_bytes`). "
+        "Default: true when `video.clips.method` is not `none`.")
+    codec: Literal["libx264", "copy"] = Field(
+        "libx264", description="`libx264`: re-encode to H.264 (exact span); `copy`: cut on "
+        "key frames without re-encoding (fast; the clip starts at the key frame at or "
+        "before its start).")
+    crf: int = Field(23, ge=0, le=51, description="`libx264`: constant rate factor (0 "
+                     "lossless .. 51 worst; 23 is x264's default). Ignored when `bitrate` "
+                     "is set.")
+    bitrate: int | None = Field(None, gt=0, description="`libx264`: target bitrate in bits "
+                                "per second instead of `crf`. Default: none (crf).")
+    max_size_px: int | None = Field(None, ge=2, description="`libx264`: longest side of the "
+                                    "clip in pixels (downscaled, aspect kept, even sizes). "
+                                    "Default: none (the source size).")
+    fps: float | None = Field(None, gt=0, description="`libx264`: output frames per second. "
+                              "Default: none (the source rate).")
+
+
+class ClipsSpec(_Strict):
+    """Splitting each video into clips: one output row (and clip file) per clip."""
+
+    method: Literal["none", "scenes", "fixed"] = Field(
+        "none", description="`none`: one row per video (no clips); `scenes`: shots found by "
+        "PySceneDetect's `detector`; `fixed`: a clip every `clip_s` seconds.")
+    detector: Literal["content", "adaptive"] = Field(
+        "content", description="`scenes`: PySceneDetect's ContentDetector or "
+        "AdaptiveDetector.")
+    threshold: float | None = Field(None, gt=0, description="`scenes`: the detector's "
+                                    "threshold (its own scale). Default: PySceneDetect's "
+                                    "default for the detector.")
+    clip_s: float = Field(10.0, gt=0, description="`fixed`: clip length in seconds.")
+    overlap_s: float = Field(0.0, ge=0, description="`fixed`: seconds each clip overlaps the "
+                             "previous one (less than `clip_s`).")
+    min_clip_s: float = Field(1.0, ge=0, description="Shortest clip in seconds; shorter ones "
+                              "are dropped.")
+    max_clip_s: float = Field(60.0, gt=0, description="Longest clip in seconds; a longer shot "
+                              "is cut into several clips.")
+    max_clips: int = Field(500, ge=1, description="Most clips per video (the first ones in "
+                           "time).")
+    transcode: ClipTranscodeSpec = Field(ClipTranscodeSpec(), description="The clip files.")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> "ClipsSpec":
+        """overlap_s < clip_s and min_clip_s <= max_clip_s."""
+        if self.overlap_s >= self.clip_s:
+            raise ValueError(f"video.clips.overlap_s ({self.overlap_s}) must be less than "
+                             f"clip_s ({self.clip_s})")
+        if self.min_clip_s > self.max_clip_s:
+            raise ValueError(f"video.clips.min_clip_s ({self.min_clip_s}) must not exceed "
+                             f"max_clip_s ({self.max_clip_s})")
+        if self.method == "none" and self.transcode.enabled:
+            raise FieldNotApplicable([("transcode.enabled", True, "needs "
+                                       "video.clips.method scenes or fixed")])
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """True when videos are split into clips (`method` is not `none`)."""
+        return self.method != "none"
+
+    @property
+    def writes_files(self) -> bool:
+        """True when each clip is written as a file (`transcode.enabled`, default: `enabled`)."""
+        if self.transcode.enabled is None:
+            return self.enabled
+        return self.transcode.enabled and self.enabled
+
+
 class VideoSpec(_Strict):
     """Video decoding (PyAV/FFmpeg) and frame sampling by presentation timestamp."""
 
@@ -477,6 +549,9 @@ class VideoSpec(_Strict):
     temp_dir: str | None = Field(None, description="Where videos from object storage are "
                                  "staged (one temporary file per video in flight, deleted "
                                  "after decoding); default: the system temp dir.")
+    clips: ClipsSpec = Field(ClipsSpec(), description="Split each video into clips (shots or "
+                             "fixed lengths): one row per clip, key `<video key>/<clip "
+                             "index>`, and a clip file each.")
 
 
 class ResizeSpec(_Strict):
@@ -612,6 +687,63 @@ class SignalFilterSpec(_Strict):
         return self
 
 
+class ClipFilterSpec(_Strict):
+    """Frame signals and filters of video and clip rows (``steps.clip_signals``): every row
+    gets `motion_score`, `static_fraction`, `frame_phashes` and `bitrate`; a row outside a
+    bound set here is rejected with its reason (`low_motion`, `clip_duration`, `low_fps`,
+    `low_resolution`, `low_bitrate`, `static`). A row whose value cannot be measured (one
+    sampled frame: no motion; no duration) is kept. Video jobs only."""
+
+    enabled: bool = Field(False, description="Write the frame signals even when no bound "
+                          "is set. Setting a bound (or `score_only`) turns them on too; "
+                          "`video.clips` always does.")
+    min_motion: float | None = Field(None, ge=0, description="Reject rows whose "
+                                     "`motion_score` (pixels at 160 px wide per sampled "
+                                     "step) is below this.")
+    min_duration_s: float | None = Field(None, ge=0, description="Reject rows shorter than "
+                                         "this (seconds; clip rows: `clip_end_s - "
+                                         "clip_start_s`, else `duration_s`).")
+    max_duration_s: float | None = Field(None, gt=0, description="Reject rows longer than "
+                                         "this (seconds, measured like `min_duration_s`).")
+    min_fps: float | None = Field(None, gt=0, description="Reject rows whose measured `fps` "
+                                  "is below this (Hz).")
+    min_resolution_px: int | None = Field(None, ge=1, description="Reject rows whose shorter "
+                                          "side (`min(width, height)`) is below this (pixels).")
+    min_bitrate: int | None = Field(None, ge=1, description="Reject rows whose `bitrate` "
+                                    "(bits/s) is below this.")
+    max_static_fraction: float | None = Field(None, ge=0, le=1, description="Reject rows "
+                                              "whose `static_fraction` is above this.")
+    static_max_distance: int = Field(4, ge=0, le=64, description="`static_fraction`: two "
+                                     "consecutive sampled frames whose pHashes are at most "
+                                     "this many bits apart are near identical.")
+    score_only: bool = Field(False, description="Keep every row and only flag the rows a "
+                             "bound would reject, in `signal_flags` (counted by reason in "
+                             "`rows_by_flag`); the signal columns are written either way.")
+
+    @property
+    def bounded(self) -> bool:
+        """True when a bound (min_*/max_*) is set: the filter step runs."""
+        return any(getattr(self, f) is not None for f in (
+            "min_motion", "min_duration_s", "max_duration_s", "min_fps",
+            "min_resolution_px", "min_bitrate", "max_static_fraction"))
+
+    @property
+    def on(self) -> bool:
+        """True when the frame signals are asked for here (`enabled`, a bound, or
+        `score_only`)."""
+        return self.enabled or self.score_only or self.bounded
+
+    @model_validator(mode="after")
+    def _durations(self) -> "ClipFilterSpec":
+        """min_duration_s <= max_duration_s."""
+        if (self.min_duration_s is not None and self.max_duration_s is not None
+                and self.min_duration_s > self.max_duration_s):
+            raise FieldNotApplicable([("min_duration_s", self.min_duration_s,
+                                       f"is above max_duration_s ({self.max_duration_s}): "
+                                       "every row is rejected")])
+        return self
+
+
 class FilterSpec(_Strict):
     """Filters: a rejected row keeps its place with `status="rejected"` and a reason."""
 
@@ -631,6 +763,11 @@ class FilterSpec(_Strict):
                              "`signal_flags`; the marker, report and metrics count them by "
                              "reason (`rows_by_flag`). The size, aspect, dedup and "
                              "min_clip_score filters still reject.")
+    clips: ClipFilterSpec = Field(
+        ClipFilterSpec(), description="Video jobs: frame signals (`motion_score`, "
+        "`static_fraction`, `frame_phashes`, `bitrate`) of each video or clip row and "
+        "filters on them and on duration, fps, resolution and bitrate. Off by default "
+        "(video rows keep their columns) unless `video.clips` splits videos.")
 
 
 class DatasetDedupSpec(_Strict):
@@ -656,6 +793,12 @@ class DatasetDedupSpec(_Strict):
                                       "above which two embeddings are duplicates.")
     semantic_sample_size: int = Field(100_000, ge=1, description="Embeddings sampled "
                                       "(reservoir, streamed) to fit the k-means centroids.")
+    frames: bool | None = Field(None, description="Video jobs: index each sampled frame's "
+                                "pHash (`frame_phashes`) in the near index too, so the pass "
+                                "finds a clip re-uploaded or re-encoded inside another video "
+                                "and says which frames matched (`frame_index`, "
+                                "`matched_frame`). Default: on when the frame signals are "
+                                "written (`filters.clips` on, or `video.clips`).")
     workers: int | None = Field(None, ge=1, description="Dedup actors; default: the cluster's "
                                 "CPUs. Never changes the result.")
 
@@ -672,6 +815,32 @@ class DedupSpec(_Strict):
                                       "across partitions (`mmpipe dedup`).")
 
 
+class ReplicasSpec(_Strict):
+    """An elastic ModelActor pool: the driver keeps between ``min`` and ``max`` replicas,
+    adding one to the stage that limits the job and removing one from a stage idle for
+    ``idle_s`` (``runtime.pool_scaler``)."""
+
+    min: int = Field(1, ge=1, description="Replicas started at admission (part of the "
+                     "job's placement group) and kept to the end.")
+    max: int = Field(1, ge=1, description="Most replicas: the driver adds one while this "
+                     "stage is busy (at least `runtime.pool_scaler.BUSY_FRACTION` of the time, "
+                     "requests queued), the slowest stage first, as free resources allow.")
+    idle_s: float = Field(10.0, gt=0, description="Seconds a stage above `min` must be "
+                          "mostly idle (busy less than half the time, nothing queued) "
+                          "before one replica is removed.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "ReplicasSpec":
+        if self.max < self.min:
+            raise ValueError(f"replicas.max={self.max} is less than replicas.min={self.min}")
+        return self
+
+
+def _replicas_kind(value: Any) -> str:
+    """Which form of ``replicas`` a value is: ``pool`` (a mapping) or ``n`` (a number)."""
+    return "pool" if isinstance(value, (dict, ReplicasSpec)) else "n"
+
+
 class ModelServingSpec(_Strict):
     """How a model step is served: ModelActor replicas, resources, batching, precision.
 
@@ -682,7 +851,17 @@ class ModelServingSpec(_Strict):
 
     batch_size: int = Field(64, ge=1, description="Most rows per forward pass; an actor "
                             "coalesces queued worker batches up to this many rows.")
-    replicas: int = Field(1, ge=1, description="ModelActor replicas.")
+    replicas: Annotated[Annotated[int, Tag("n"), Field(ge=1)]
+                        | Annotated[ReplicasSpec, Tag("pool")],
+                        Discriminator(_replicas_kind)] = Field(
+        1, description="ModelActor replicas: a number (a fixed pool), or `{min, max, "
+        "idle_s}`: an elastic pool that follows the bottleneck. `min` (default 1) start at "
+        "admission, in the job's placement group; the driver adds one (up to `max`, default "
+        "1, as free resources allow) to the stage busy at least 80% of the time with "
+        "requests queued, the busiest first, and removes one from a stage idle (busy less "
+        "than half of what one replica fewer gives, nothing queued) for `idle_s` seconds "
+        "(default 10), down to `min`. Each change is logged with its reason and listed in "
+        "the job report.")
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per ModelActor.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per ModelActor (fractional allowed, "
                             "e.g. 0.5 puts two replicas on one GPU); 0 runs on CPU.")
@@ -700,6 +879,13 @@ class ModelServingSpec(_Strict):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="Compute dtype: `auto` is bfloat16 on GPUs that support it, "
         "else float16 on GPU, and float32 on CPU.")
+
+    @property
+    def pool(self) -> ReplicasSpec:
+        """``replicas`` as a ``ReplicasSpec`` (a number ``n``: ``min = max = n``)."""
+        if isinstance(self.replicas, ReplicasSpec):
+            return self.replicas
+        return ReplicasSpec(min=self.replicas, max=self.replicas)
 
 
 SERVING_FIELDS = frozenset({"batch_size", "replicas", "num_cpus", "num_gpus", "max_in_flight",
@@ -855,8 +1041,13 @@ class ImageEmbedSpec(ModelServingSpec):
     model: str | None = Field(None, description="A CLIP or SigLIP checkpoint with its processor "
                               "(transformers layout): a local directory, an s3:// prefix "
                               "(copied once per node) or a Hugging Face id.")
-    backend: Literal["auto", "clip", "siglip"] = Field(
-        "auto", description="`auto` picks from config.json's model_type.")
+    backend: Literal["auto", "clip", "siglip", "xclip"] = Field(
+        "auto", description="`auto` picks clip or siglip from config.json's model_type; "
+        "`xclip`: an X-CLIP video model (`XCLIPModel.get_video_features`): a video row's "
+        "`image_embedding` is one vector from a window of the model's `num_frames` frames "
+        "spread evenly over its sampled frames (repeated when it has fewer; an image row is "
+        "a still clip of its image), not the mean of frame embeddings, and there is no "
+        "`frame_embeddings`; it needs `score: false`, no heads and no zero_shot.")
     embedding_dtype: Literal["float32", "float16"] = Field(
         "float32", description="Storage type of `image_embedding` (float16 halves its size).")
     score: bool = Field(True, description="Also embed the caption with the same model and "
@@ -882,6 +1073,12 @@ class ImageEmbedSpec(ModelServingSpec):
             raise ValueError("image_embedding.model is required when enabled")
         if self.min_clip_score is not None and not self.score:
             raise ValueError("min_clip_score needs score: true")
+        if self.backend == "xclip":
+            wrong = [(f, getattr(self, f), "the xclip backend writes image_embedding only")
+                     for f, off in (("score", False), ("heads", ()), ("zero_shot", ()))
+                     if getattr(self, f) != off]
+            if wrong:
+                raise FieldNotApplicable(wrong)
         columns = [h.column for h in self.heads] + [z.column for z in self.zero_shot]
         twice = sorted({c for c in columns if columns.count(c) > 1})
         if twice:
@@ -916,6 +1113,12 @@ class CaptionModelSpec(ModelServingSpec):
                                 "(0: stop at end-of-sequence; benchmarks set it to "
                                 "max_new_tokens for a fixed caption length).")
     num_beams: int = Field(1, ge=1, le=16, description="1: greedy decoding; more: beam search.")
+    frames: int | None = Field(
+        None, ge=1, le=64, description="`vlm` only: frames per video (or clip) row in the "
+        "caption window: that many of the row's sampled frames, spread evenly (repeated when "
+        "it has fewer), go to the model as several images in one chat turn (e.g. Qwen2-VL). "
+        "Default: one image, the middle sampled frame. Image rows are captioned from their "
+        "image either way.")
     image_size_px: int | None = Field(None, ge=16, le=4096, description="VLM/vLLM only: side "
                                       "of the square image sent to the model; default: from "
                                       "its image processor, else 448.")
@@ -1051,6 +1254,14 @@ class SignalsSpec(_Strict):
                                         "language, counts, repetition and flagged words.")
 
 
+class PricesSpec(_Strict):
+    """Prices the job report turns CPU- and GPU-seconds into a cost with (any currency;
+    both 0: no cost, only the seconds)."""
+
+    cpu_hour: float = Field(0.0, ge=0, description="Price of one CPU core for one hour.")
+    gpu_hour: float = Field(0.0, ge=0, description="Price of one GPU for one hour.")
+
+
 class RuntimeSpec(_Strict):
     """How the job runs; none of this changes the output."""
 
@@ -1101,12 +1312,24 @@ class RuntimeSpec(_Strict):
         3600.0, gt=0, description="Seconds one partition attempt may run: a longer one is "
         "cancelled (its worker is killed and replaced), then retried up to `max_attempts` "
         "and reported failed.")
-    mode: Literal["resume", "overwrite", "error-if-exists"] = Field(
+    mode: Literal["resume", "append", "overwrite", "error-if-exists"] = Field(
         "resume", description="`resume`: continue the newest generation of the output, "
-        "skipping partitions committed under the same fingerprint; `overwrite`: write a new "
+        "skipping partitions committed under the same fingerprint, with its stored plan (a "
+        "grown input listing is reported: how many listed objects are not in the plan, "
+        "exit code unchanged); `append`: resume, and first plan the listed objects that "
+        "are not in the plan (new media files, shards, manifest files) as new partitions "
+        "after the stored ones (`_plan/extension-0001.json` records each extension; old "
+        "partitions and markers untouched), so only they run; a changed spec fingerprint "
+        "still needs `overwrite`; `overwrite`: write a new "
         "generation (new plan and markers) beside the old ones, which are deleted only once "
         "it is complete; `error-if-exists`: refuse a non-empty output.")
     progress_interval_s: float = Field(10.0, gt=0, description="Seconds between log progress lines.")
+    prices: PricesSpec = Field(
+        PricesSpec(), description="`{cpu_hour, gpu_hour}`: with a price set the job report, `_SUCCESS` and "
+        "`mmpipe status --json` give the run's cost and its cost per million output rows "
+        "beside the CPU-core-seconds and GPU-seconds per stage (always given: partition "
+        "workers' attempt wall time x their CPUs; each model stage's replica lifetime x "
+        "its `num_cpus`/`num_gpus`, and its busy seconds).")
     lease_s: float = Field(
         60.0, gt=0, description="Seconds the job lease (one writer per output) and each "
         "attempt lease (what `mmpipe gc` spares) last without renewal; a crashed driver's "
@@ -1171,6 +1394,48 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _clips_need_video(self) -> "JobSpec":
+        """`video.clips.method` other than `none` needs `source.media: video`."""
+        if self.video.clips.enabled and self.source.media != "video":
+            raise FieldNotApplicable([("video.clips.method", self.video.clips.method,
+                                       f"{self.video.clips.method!r} needs source.media: "
+                                       f"video (got {self.source.media!r})")])
+        return self
+
+    @model_validator(mode="after")
+    def _frame_signals_need_video(self) -> "JobSpec":
+        """`filters.clips` (enabled, a bound or score_only) and `dedup.dataset.frames` need
+        `source.media: video`."""
+        if self.source.media == "video":
+            return self
+        problems = []
+        if self.filters.clips.on:
+            problems.append(("filters.clips", "set", "frame signals need source.media: "
+                             f"video (got {self.source.media!r})"))
+        if self.dedup.dataset.frames:
+            problems.append(("dedup.dataset.frames", True, "frame hashes need source.media: "
+                             f"video (got {self.source.media!r})"))
+        if problems:
+            raise FieldNotApplicable(problems)
+        return self
+
+    @property
+    def frame_signals(self) -> bool:
+        """Whether video rows get the frame signals (`steps.clip_signals`): a video job
+        with `filters.clips` on, `video.clips` splitting, or `dedup.dataset.frames`."""
+        return self.source.media == "video" and (
+            self.filters.clips.on or self.video.clips.enabled
+            or bool(self.dedup.dataset.frames))
+
+    @property
+    def frame_index(self) -> bool:
+        """Whether the near index gets a row per sampled frame (`dedup.dataset.frames`,
+        default: `frame_signals`), with dataset dedup's near index on."""
+        ds = self.dedup.dataset
+        wanted = self.frame_signals if ds.frames is None else ds.frames
+        return bool(wanted) and ds.enabled and ds.near and self.source.media == "video"
+
+    @model_validator(mode="after")
     def _decode_device(self) -> "JobSpec":
         """`decode.device: cuda` needs an image job whose only image model is
         `image_embedding` (the actor that decodes)."""
@@ -1181,6 +1446,8 @@ class JobSpec(_Strict):
             problems.append(f"source.media is {self.source.media!r} (images only)")
         if not self.image_embedding.enabled:
             problems.append("image_embedding is not enabled (its model actors decode)")
+        if self.image_embedding.backend == "xclip":
+            problems.append("image_embedding.backend is xclip (it takes decoded frames)")
         if self.captioning.enabled:
             problems.append("captioning is enabled (its model actors take decoded pixels)")
         if self.signals.image.enabled or self.signals.ocr.enabled:

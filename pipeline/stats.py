@@ -12,8 +12,8 @@ from __future__ import annotations
 import collections
 import threading
 
-from pipeline.columns import (ERROR, ERROR_REASON, KEY, REJECT_REASON, SIGNAL_FLAGS, STATUS,
-                              Batch)
+from pipeline.columns import (ERROR, ERROR_REASON, KEY, PARENT_KEY, REJECT_REASON, SIGNAL_FLAGS,
+                              STATUS, Batch)
 from pipeline.records import Status
 
 
@@ -26,7 +26,8 @@ class AttemptStats:
     ``score_only`` would-be reject reasons, ``unscored:<column>``),
     ``retried_requests``/``throttled_requests`` (storage) and ``downloads`` (HTTP
     counters of ``HttpFetcher.stats``), ``first_errors``: the first ``FIRST_ERRORS`` error
-    rows as ``key: error``. Thread-safe for ``storage_retry``."""
+    rows as ``key: error``; ``clips``: rows that are clips of a video (``parent_key``
+    set; ``video.clips``). Thread-safe for ``storage_retry``."""
 
     def __init__(self):
         self.rows: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -35,6 +36,7 @@ class AttemptStats:
         self.throttled_requests = 0
         self.downloads: collections.Counter = collections.Counter()
         self.first_errors: list[str] = []
+        self.clips = 0
         self._lock = threading.Lock()
 
     def count_rows(self, batch: Batch) -> None:
@@ -48,6 +50,7 @@ class AttemptStats:
                 self.first_errors.append(f"{batch[KEY][i]}: {batch[ERROR][i]}")
         for flags in batch.get(SIGNAL_FLAGS) or ():
             self.flags.update(flags or ())
+        self.clips += sum(1 for k in batch.get(PARENT_KEY) or () if k is not None)
 
     def storage_retry(self, throttled: bool) -> None:
         """Called by ``retry.RetryPolicy`` for each retried storage request."""

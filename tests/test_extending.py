@@ -246,6 +246,6 @@ def test_a_datasource_in_one_module_plans_and_reads_every_line_as_one_row(tmp_pa
     rows = read_committed(spec.sink.uri, ["key", "status", "error_reason", "width"]).to_pylist()
     assert [r["key"] for r in rows] == [p.stem for p in photos] + ["no_such_photo", "secret"]
     assert [r["status"] for r in rows] == ["ok"] * 5 + ["error", "error"]
-    assert rows[5]["error_reason"] == "read_failed"
+    assert rows[5]["error_reason"] == "input_missing"
     assert rows[6]["error_reason"] == "outside_input_root"
     assert all(r["width"] > 0 for r in rows[:5])

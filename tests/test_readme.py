@@ -15,7 +15,9 @@ suite runs in is not reinstalled).
 - Job commands (``JOB``: they start Ray and run a whole job, 30-60 s each on 2 cores)
   run in the default suite only when a later command reads their output (today: ``make
   quickstart``, which also runs ``mmpipe status``, read by the README's Python snippet;
-  about 35-50 s); ``-m slow`` runs every command (about 8 minutes on 2 cores).
+  about 35-50 s; and ``examples/video_clips.yaml`` with its tiny models, read back by the
+  "Video clips" snippet, about 60 s); ``-m slow`` runs every command (about 8 minutes on
+  2 cores).
 - Every other command (``validate``, ``status``, ``ls``, ``spec``, Python snippets) always runs.
 """
 

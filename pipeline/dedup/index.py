@@ -3,11 +3,18 @@
 Per committed attempt and per kind, one small Parquet file per non-empty bucket::
 
     _index/exact/b-0003/p-000042.a-<attempt>.parquet   key, partition_id, row, sha256
-    _index/near/b-0011/p-000042.a-<attempt>.parquet    key, partition_id, row, phash, block
+    _index/near/b-0011/p-000042.a-<attempt>.parquet    key, partition_id, row, phash, block,
+                                                       frame
 
 Only ``status == "ok"`` rows are indexed (in-partition duplicates are already rejected);
 rows flagged ``low_detail`` (flat images: ``media.transform.low_detail``) only in the exact
 index.
+Video rows with frame hashes (``frame_phashes``, ``steps.clip_signals``; when the job's
+``frame_index`` is on) are also indexed once per sampled frame that is not flat: its pHash,
+with ``frame`` the frame's index in the row's sample; ``frame`` is null for a row's own
+``phash`` (an image's, a video's mosaic), so an image and a video frame, or frames of two
+videos, meet in the same buckets (``tasks.bucket_pairs`` drops the pairs of a row with
+itself). Index files written before ``frame`` existed read it as null.
 ``row`` is the row's position in the partition's data file, so ``(partition_id, row)`` is
 the row's place in plan order (partition ids sort in plan order).
 
@@ -28,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.columns import KEY, LOW_DETAIL, PHASH, SHA256, STATUS, Batch
+from pipeline.columns import FRAME_PHASHES, KEY, LOW_DETAIL, PHASH, SHA256, STATUS, Batch
 from pipeline.output.sinks.base import FileDatasink
 from pipeline.output.layout import INDEX_DIR
 from pipeline.records import Status
@@ -43,7 +50,8 @@ SCHEMAS = {
     "exact": pa.schema([("key", pa.string()), ("partition_id", pa.string()),
                         ("row", pa.int32()), ("sha256", pa.string())]),
     "near": pa.schema([("key", pa.string()), ("partition_id", pa.string()),
-                       ("row", pa.int32()), ("phash", pa.int64()), ("block", pa.int8())]),
+                       ("row", pa.int32()), ("phash", pa.int64()), ("block", pa.int8()),
+                       ("frame", pa.int32())]),
 }
 
 
@@ -101,32 +109,43 @@ def near_buckets(blocks: np.ndarray, buckets: int) -> np.ndarray:
     return (mixed % np.uint64(buckets)).astype(np.int64)
 
 
-def index_tables(keys: list[str], partition_id: str, rows: list[int], sha256: list[str],
-                 phash: list[int | None], spec: DatasetDedupSpec
+def index_tables(keys: list[str], partition_id: str, rows: list[int],
+                 sha256: list[str | None], phash: list[int | None], spec: DatasetDedupSpec,
+                 frames: list[list[int | None] | None] | None = None
                  ) -> dict[tuple[str, int], pa.Table]:
     """The index rows of one partition's ok rows, by ``(kind, bucket)``. Rows without a
-    pHash (none computed) are left out of the near index."""
+    sha256 are left out of the exact index, rows without a pHash (none computed) out of
+    the near index. ``frames``: per row its frame hashes (``frame_phashes``; None entries,
+    flat frames, skipped), indexed in the near index with their frame index."""
     out: dict[tuple[str, int], pa.Table] = {}
     n = len(keys)
     if n == 0:
         return out
+    key_arr, row_arr = pa.array(keys, pa.string()), pa.array(rows, pa.int32())
     pids = pa.array([partition_id] * n, pa.string())
-    if spec.exact:
-        table = pa.table([pa.array(keys, pa.string()), pids, pa.array(rows, pa.int32()),
-                          pa.array(sha256, pa.string())], schema=SCHEMAS["exact"])
-        _split(out, "exact", table, exact_buckets(sha256, spec.buckets))
-    have = [i for i, h in enumerate(phash) if h is not None]
-    if spec.near and have:
-        hashes = np.array([phash[i] for i in have], dtype=np.int64)
+    exact = [i for i, h in enumerate(sha256) if h is not None]
+    if spec.exact and exact:
+        table = pa.table([key_arr.take(exact), pids.take(exact), row_arr.take(exact),
+                          pa.array([sha256[i] for i in exact], pa.string())],
+                         schema=SCHEMAS["exact"])
+        _split(out, "exact", table, exact_buckets([sha256[i] for i in exact], spec.buckets))
+    # near entries: (record, hash, frame or None): the row's own pHash, then its frames
+    entries = [(i, h, None) for i, h in enumerate(phash) if h is not None]
+    entries += [(i, h, k) for i, hs in enumerate(frames or []) for k, h in enumerate(hs or [])
+                if h is not None]
+    if spec.near and entries:
+        have = np.array([i for i, _, _ in entries])
+        hashes = np.array([h for _, h, _ in entries], dtype=np.int64)
         blocks = near_blocks(hashes, spec.max_hamming_distance)
         where = near_buckets(blocks, spec.buckets)
         nb = blocks.shape[1]
-        sel = np.repeat(np.array(have), nb)
-        table = pa.table([pa.array(keys, pa.string()).take(sel), pids.take(sel),
-                          pa.array(rows, pa.int32()).take(sel),
+        sel = np.repeat(have, nb)
+        frame = pa.array([f for _, _, f in entries], pa.int32()).take(
+            np.repeat(np.arange(len(entries)), nb))
+        table = pa.table([key_arr.take(sel), pids.take(sel), row_arr.take(sel),
                           pa.array(np.repeat(hashes, nb)),
-                          pa.array(np.tile(np.arange(nb, dtype=np.int8), len(have)))],
-                         schema=SCHEMAS["near"])
+                          pa.array(np.tile(np.arange(nb, dtype=np.int8), len(entries))),
+                          frame], schema=SCHEMAS["near"])
         _split(out, "near", table, where.reshape(-1))
     return out
 
@@ -143,14 +162,16 @@ def _split(out: dict, kind: str, table: pa.Table, buckets: np.ndarray) -> None:
 class IndexDatasink(FileDatasink):
     """Writes the partition's hash index files (``index_tables``) when the attempt
     completes: memory is the ok rows' keys and hashes of one partition (~100 bytes a
-    row). The commit marker names every file, so gc and readers treat them like data."""
+    row). The commit marker names every file, so gc and readers treat them like data.
+    ``frames``: index each video row's ``frame_phashes`` too (``JobSpec.frame_index``)."""
 
     name = "index"
     directory = INDEX_DIR
 
-    def __init__(self, output_uri: str, spec: DatasetDedupSpec):
+    def __init__(self, output_uri: str, spec: DatasetDedupSpec, frames: bool = False):
         super().__init__(output_uri)
         self.spec = spec
+        self.frames = frames
         self._reset()
 
     def _reset(self) -> None:
@@ -159,11 +180,14 @@ class IndexDatasink(FileDatasink):
         self.positions: list[int] = []
         self.sha: list[str] = []
         self.phash: list[int | None] = []
+        self.frame_hashes: list[list[int | None] | None] = []
 
     def settings(self) -> dict[str, Any]:
-        """What changes the index files: kinds, buckets and the pHash block split."""
+        """What changes the index files: kinds, buckets, the pHash block split and (only
+        when on, so image jobs keep their settings) the frame rows."""
         return {"buckets": self.spec.buckets, "exact": self.spec.exact,
-                "near": self.spec.near, "max_hamming_distance": self.spec.max_hamming_distance}
+                "near": self.spec.near, "max_hamming_distance": self.spec.max_hamming_distance,
+                **({"frames": True} if self.frames else {})}
 
     def on_write_start(self, partition_id: str, attempt_id: str, schema: pa.Schema) -> None:
         super().on_write_start(partition_id, attempt_id, schema)
@@ -171,18 +195,21 @@ class IndexDatasink(FileDatasink):
 
     def write(self, batch: Batch) -> None:
         phash, low = batch.get(PHASH), batch.get(LOW_DETAIL)
+        frames = batch.get(FRAME_PHASHES) if self.frames else None
         for i, status in enumerate(batch[STATUS]):
-            if status == Status.OK.value and batch[SHA256][i] is not None:
+            has_frames = frames is not None and bool(frames[i])
+            if status == Status.OK.value and (batch[SHA256][i] is not None or has_frames):
                 self.keys.append(batch[KEY][i])
                 self.positions.append(self.rows + i)
                 self.sha.append(batch[SHA256][i])
                 flat = low is not None and bool(low[i])       # no near index row
                 self.phash.append(None if phash is None or flat else phash[i])
+                self.frame_hashes.append(frames[i] if has_frames else None)
         self.rows += len(batch[STATUS])
 
     def _finish(self) -> None:
         tables = index_tables(self.keys, self.partition_id, self.positions, self.sha,
-                              self.phash, self.spec)
+                              self.phash, self.spec, self.frame_hashes)
         for (kind, bucket), table in sorted(tables.items()):
             rel = index_file(kind, bucket, self.partition_id, self.attempt_id)
             pq.write_table(table, self.open_file(rel))

@@ -320,16 +320,17 @@ def stale_leases(output_uri: str, margin_s: float = 60.0,
 
 
 def latest_duplicates(output_uri: str) -> pa.Table | None:
-    """The ``duplicates`` table (``groups.DUPLICATES_SCHEMA``) of the newest complete
-    dedup generation in the newest complete output generation of ``output_uri``, or None if the dedup pass never completed there."""
-    from pipeline.dedup.groups import DUPLICATES_SCHEMA
+    """The ``duplicates`` table (``groups.duplicates_schema``: with the frame columns when
+    the output's index has frame rows) of the newest complete dedup generation in the newest complete output generation of ``output_uri``, or None if the dedup pass never completed there."""
+    from pipeline.dedup.groups import duplicates_schema
     from pipeline.output.generations import read_root
 
     store = DedupStore(read_root(output_uri))   # the newest complete generation's pass
     done = store.complete()
     if done is None:
         return None
-    return store.read_tables(done[1].files, DUPLICATES_SCHEMA)
+    return store.read_tables(done[1].files,
+                             duplicates_schema(bool(done[0].settings.get("frames"))))
 
 
 def covered_duplicates(output_uri: str) -> pa.Table:

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.dedup import index, pairs
-from pipeline.dedup.groups import PAIRS_SCHEMA
+from pipeline.dedup.groups import pairs_schema
 from pipeline.errors import CommitError
 from pipeline.dedup.store import LEASE_RENEW_S, LEASE_S, DedupStore, Generation, TaskMarker, new_id
 from pipeline.storage import fs
@@ -120,9 +120,14 @@ def bucket_pairs(kind: str, table: pa.Table, new_pids: set[str],
     """The pairs (``groups.PAIRS_SCHEMA``) among one bucket's index rows ``table``
     (``index.SCHEMAS[kind]`` or ``SEMANTIC_SCHEMA``) that have a row of a partition in
     ``new_pids``; each pair (earlier, later) in plan order, sorted. ``settings``:
-    ``max_hamming_distance`` (near), ``semantic_threshold`` (semantic)."""
+    ``max_hamming_distance`` (near), ``semantic_threshold`` (semantic), ``frames`` (the
+    index has frame rows: the pairs are ``groups.FRAME_PAIRS_SCHEMA``, each side's
+    ``frame`` in ``a_frame``/``b_frame``, null for a row's own pHash). A near pair of a
+    row with itself (two of its frames) is dropped."""
+    frames = bool(settings.get("frames"))
+    schema = pairs_schema(frames)
     if table.num_rows == 0:
-        return PAIRS_SCHEMA.empty_table()
+        return schema.empty_table()
     pids = table["partition_id"].to_numpy(zero_copy_only=False).astype(object)
     rows = table["row"].to_numpy().astype(np.int64)
     order = plan_order(pids, rows)
@@ -144,8 +149,14 @@ def bucket_pairs(kind: str, table: pa.Table, new_pids: set[str],
         i, j, sim = semantic.similar_pairs(emb, settings["semantic_threshold"])
         keep = new[i] | new[j]
         a, b, sim = i[keep], j[keep], sim[keep]
+    if kind == "near":                           # frames of one row: not a duplicate
+        other = (pids[a] != pids[b]) | (rows[a] != rows[b])
+        a, b, ham = a[other], b[other], ham[other]
     swap = order[a] > order[b]                  # (earlier, later): repeats compare equal
     a, b = np.where(swap, b, a), np.where(swap, a, b)
+    frame = table["frame"] if "frame" in table.column_names else pa.nulls(table.num_rows,
+                                                                          pa.int32())
+    framed = {"a_frame": frame.take(a), "b_frame": frame.take(b)} if frames else {}
     out = pa.table({
         "kind": pa.array([kind] * len(a), pa.string()),
         "a_key": table["key"].take(a), "a_partition_id": table["partition_id"].take(a),
@@ -154,7 +165,7 @@ def bucket_pairs(kind: str, table: pa.Table, new_pids: set[str],
         "b_row": table["row"].take(b),
         "hamming": pa.array(ham if ham is not None else [None] * len(a), pa.int32()),
         "similarity": pa.array(sim if sim is not None else [None] * len(a), pa.float32()),
-    }, schema=PAIRS_SCHEMA)
+        **framed}, schema=schema)
     return out.sort_by([("a_partition_id", "ascending"), ("a_row", "ascending"),
                         ("b_partition_id", "ascending"), ("b_row", "ascending")])
 

@@ -26,6 +26,7 @@ Refusals are ``RowError`` values (``outside_input_root``, ``not_a_file``, ``too_
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import stat
@@ -179,7 +180,7 @@ def _read_local(uri: str, max_bytes: int,
     try:
         fd = os.open(fs._local_bytes(uri), _OPEN_FLAGS)
     except OSError as e:
-        return None, RowError(ErrorReason.READ_FAILED, f"{fs.display_uri(uri)}: {e.strerror}")
+        return None, read_error(fs.display_uri(uri), e)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -218,6 +219,16 @@ def not_a_regular_file(uri: str) -> RowError | None:
                     "only regular files are read")
 
 
+def read_error(where: str, e: BaseException) -> RowError:
+    """The row error of a failed read of ``where``: ``input_missing`` when the object is
+    not there (``FileNotFoundError``, ``ENOENT``: planned and deleted since, or a
+    manifest row naming an object that is not there), else ``read_failed``."""
+    missing = isinstance(e, FileNotFoundError) or getattr(e, "errno", None) == errno.ENOENT
+    text = getattr(e, "strerror", None) if isinstance(e, OSError) and fs.is_local(where) else None
+    return RowError(ErrorReason.INPUT_MISSING if missing else ErrorReason.READ_FAILED,
+                    f"{where}: {text or e}")
+
+
 def read_bounded(uri: str, max_bytes: int,
                  roots: InputRoots | None) -> tuple[bytes | None, RowError | None]:
     """Read the object ``uri`` (local path or ``s3://``): ``(bytes, None)`` or
@@ -233,7 +244,7 @@ def read_bounded(uri: str, max_bytes: int,
     try:
         data = fs.read_head(lower_scheme(uri), max_bytes + 1)
     except Exception as e:  # noqa: BLE001 - a read failure is this record's error
-        return None, RowError(ErrorReason.READ_FAILED, f"{uri}: {e}")
+        return None, read_error(uri, e)
     if len(data) > max_bytes:
         return None, _too_large(f"more than {max_bytes}", max_bytes)
     return data, None

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote_to_bytes, urlsplit
 
 from pipeline.storage import fs
-from pipeline.input.confine import InputRoots, not_a_regular_file, read_bounded
+from pipeline.input.confine import InputRoots, not_a_regular_file, read_bounded, read_error
 from pipeline.storage.http import HttpFetcher, lower_scheme
 from pipeline.records import ErrorReason, RowError
 from pipeline.spec import DownloadSpec
@@ -232,7 +232,7 @@ class Fetcher:
                     return None, too_large(size_bytes, self.max_bytes)
                 return None, None
         except Exception as e:  # noqa: BLE001 - a read failure is this record's error
-            return None, RowError(ErrorReason.READ_FAILED, f"{uri}: {e}")
+            return None, read_error(uri, e)
         return read_bounded(uri, self.max_bytes, roots)
 
     def stage(self, uri: str, data: bytes | None,
@@ -245,7 +245,7 @@ class Fetcher:
                 return stack.enter_context(fs.staged(lower_scheme(uri), self.temp_dir)), None
             return stack.enter_context(fs.spooled(data, self.temp_dir, _suffix(uri))), None
         except Exception as e:  # noqa: BLE001 - a staging failure is this record's error
-            return None, RowError(ErrorReason.READ_FAILED, f"{uri}: {e}")
+            return None, read_error(uri, e)
 
     def stats(self) -> dict[str, int]:
         """HTTP counters of this fetcher (``HttpFetcher.stats``); empty if nothing was

@@ -129,6 +129,9 @@ class ManifestDatasource(Datasource):
             if item.error is not None:
                 yield self._unreadable(item, stem, carried)
                 continue
+            if fs.file_size(item.uri) is None:     # planned, deleted since
+                yield from self._gone(item, stem, carried, batch_size)
+                continue
             base = posixpath.dirname(item.uri)
             # the manifest's folder is a root only for the manifest source.uri names
             # (never a bucket root or /): pipeline.input.confine
@@ -149,6 +152,21 @@ class ManifestDatasource(Datasource):
                     f"manifest {fs.display_uri(item.uri)}: rows [{item.row_start}, "
                     f"{item.row_stop}) were planned, {read} read: the file changed since "
                     f"planning (use --mode overwrite to plan again)")
+
+    def _gone(self, item: InputItem, stem: str, carried: dict, batch_size: int) -> Iterator[Batch]:
+        """The planned rows of a manifest file deleted since planning: one
+        ``input_missing`` error row each (keys ``<stem>/<row>``: the key column cannot
+        be read)."""
+        error = RowError(ErrorReason.INPUT_MISSING, f"manifest {fs.display_uri(item.uri)}: "
+                         "not found (planned, deleted since)")
+        for start in range(item.row_start, item.row_stop, batch_size):
+            n = min(batch_size, item.row_stop - start)
+            batch: Batch = {KEY: [row_key(stem, start + j) for j in range(n)],
+                            SOURCE_URI: [item.uri] * n, SOURCE_BYTES: [None] * n,
+                            RAW_CAPTION: [None] * n, READ_ERROR: [error] * n}
+            for name in carried:
+                batch[carried_name(name)] = [None] * n
+            yield batch
 
     def _unreadable(self, item: InputItem, stem: str, carried: dict) -> Batch:
         """The one error row of a manifest that could not be read at planning."""

@@ -242,7 +242,8 @@ def read_shard(uri: str, temp_dir: str | None = None,
       it may be missing members. For a gzip shard ``N`` counts decompressed tar bytes and
       the message starts ``<uri>: gzip stream cut at byte C of S (<error>); tar ends ...``
       (or ``gzip data corrupt near byte C ...``), ``C``/``S`` in compressed bytes;
-    - ``read_failed: <uri>: ...`` when the shard is missing, cannot be read, is not a
+    - ``input_missing: <uri>: shard not found ...`` when the shard is gone;
+    - ``read_failed: <uri>: ...`` when the shard cannot be read, is not a
       tar, or is gzip whose header or first tar member cannot be read (or whose CRC
       check fails): the only row.
 
@@ -284,7 +285,8 @@ def read_shard(uri: str, temp_dir: str | None = None,
                 tf = stack.enter_context(tarfile.open(path, mode="r:", encoding=ENCODING,
                                                       errors=ERRORS))
         except FileNotFoundError:
-            yield _error_row(uri, shard_key, ErrorReason.READ_FAILED, f"{name}: shard not found")
+            yield _error_row(uri, shard_key, ErrorReason.INPUT_MISSING,
+                             f"{name}: shard not found (planned, no longer there)")
             return
         except (tarfile.TarError, EOFError) as exc:
             what = ("not gzip-compressed (no 1f 8b magic bytes) and not a readable "

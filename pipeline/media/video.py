@@ -36,6 +36,10 @@ DECODE_BUDGET_S = 600.0    # wall-clock seconds per decode pass
 SCENE_SIZE = (64, 36)      # (width, height) of the grey thumbnails compared in `scene`
 
 
+SEEK_MARGIN_S = 1.0        # a window's seek goes this far before its start (frame reorder)
+WINDOW_EPS_S = 1e-6        # presentation times this close count as equal (float rounding)
+
+
 # Container short name -> (format, mime). FFmpeg names the MP4 family demuxer
 # "mov,mp4,m4a,3gp,3g2,mj2" and Matroska "matroska,webm"; the brand / DocType decides.
 _MIMES = {"mp4": "video/mp4", "mov": "video/quicktime", "webm": "video/webm",
@@ -252,7 +256,7 @@ class _Decoder:
     """One decode pass over the video stream: yields (frame, time_s) in decode order."""
 
     def __init__(self, path: str, max_packets: int, budget_s: float, limits: _Limits,
-                 allow_playlists: bool = False):
+                 allow_playlists: bool = False, start_s: float | None = None):
         self.input = _open(path, allow_playlists)
         self.container = self.input.container
         try:
@@ -261,6 +265,8 @@ class _Decoder:
         except RecordError:
             self.input.close()
             raise
+        if start_s is not None:
+            seek_before(self.container, self.stream, start_s)
         self.errors = 0
         self.max_packets = max_packets
         self.budget_s = budget_s
@@ -387,6 +393,34 @@ def _open(path: str, allow_playlists: bool = False) -> _Input:
     return _Input(path, allow_playlists)
 
 
+def open_video(path: str, allow_playlists: bool = False) -> _Input:
+    """The confined open (``_Input``) for the other codecs of ``media/`` (clips, clip
+    encode): ``.container`` is the PyAV container; call ``.close()``. Raises
+    ``RecordError`` as ``_Input``."""
+    return _open(path, allow_playlists)
+
+
+def video_stream(container, path: str):
+    """The video stream ``decode_video`` decodes (no cover art); raises ``RecordError``
+    (``no_video_stream``) when there is none."""
+    return _video_stream(container, path)
+
+
+def seek_before(container, stream, start_s: float) -> None:
+    """Seek ``container`` to a key frame at least ``SEEK_MARGIN_S`` seconds of presentation
+    time before ``start_s`` (reordered frames of the one at ``start_s`` are then decoded
+    too). Nothing when that is before the stream's start; a container that cannot seek
+    stays where it is (at its start: the caller skips frames before ``start_s``)."""
+    av = av_module()
+    target_s = start_s - SEEK_MARGIN_S
+    if target_s <= 0 or stream.time_base is None:
+        return
+    try:
+        container.seek(int(target_s / stream.time_base), stream=stream, backward=True)
+    except (av.error.FFmpegError, OSError, ValueError):
+        pass  # read from the start; the window skips what precedes it
+
+
 def _is_attached_picture(stream) -> bool:
     """True for a cover-art stream (disposition ``attached_pic``, FFmpeg's 0x0400)."""
     return bool(int(getattr(stream, "disposition", 0) or 0) & _attached_pic_flag())
@@ -431,15 +465,22 @@ def _frame_duration_s(frame) -> float:
 
 
 def _packet_times(path: str, max_packets: int, budget_s: float,
-                  limits: _Limits, allow_playlists: bool = False) -> tuple[list[float], int]:
-    """Demux-only pass: sorted pts (seconds) of the video packets, and demux errors.
-    Raises ``RecordError`` (``too_large``, ``decode_timeout``: ``_Limits``)."""
+                  limits: _Limits, allow_playlists: bool = False,
+                  start_s: float | None = None,
+                  end_s: float | None = None) -> tuple[list[float], int]:
+    """Demux-only pass: sorted pts (seconds) of the video packets in [start_s, end_s)
+    (None: unbounded), and demux errors. Raises ``RecordError`` (``too_large``,
+    ``decode_timeout``: ``_Limits``)."""
     av = av_module()
     opened = _open(path, allow_playlists)
     container = opened.container
+    lo = -np.inf if start_s is None else start_s - WINDOW_EPS_S
+    hi = np.inf if end_s is None else end_s - WINDOW_EPS_S
     try:
         stream = _video_stream(container, path)
         _check_stream_size(stream, limits)
+        if start_s is not None:
+            seek_before(container, stream, start_s)
         tb = stream.time_base
         times: list[float] = []
         errors = 0
@@ -456,7 +497,9 @@ def _packet_times(path: str, max_packets: int, budget_s: float,
             except (av.error.FFmpegError, OSError, ValueError, EOFError):
                 errors += 1
                 break
-            if packet.pts is not None and packet.size > 0:
+            if packet.dts is not None and float(packet.dts * tb) >= hi:
+                break  # pts >= dts: this and every later packet is past the window
+            if packet.pts is not None and packet.size > 0 and lo <= float(packet.pts * tb) < hi:
                 times.append(float(packet.pts * tb))
         return sorted(times), errors
     finally:
@@ -578,8 +621,15 @@ def _container_name(container, path: str) -> str:
 
 def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
                  budget_s: float = DECODE_BUDGET_S,
-                 frame_budget_bytes: int | None = None) -> VideoInfo:
+                 frame_budget_bytes: int | None = None,
+                 start_s: float | None = None, end_s: float | None = None) -> VideoInfo:
     """Decode the local video file ``path`` and sample frames per ``spec`` (see module doc).
+
+    ``start_s``/``end_s`` (seconds of presentation time, None: unbounded): a window
+    [start_s, end_s), e.g. one clip's span. The file is sought to a key frame before
+    ``start_s`` and only frames whose presentation time is in the window count: the
+    sampling modes apply within it, and ``duration_s``, ``fps`` and ``frame_count`` are the
+    window's. Raises ``ValueError`` for a negative ``start_s`` or ``end_s <= start_s``.
 
     Raises ``RecordError`` with reason ``empty_file``, ``read_failed``,
     ``corrupt_container``, ``no_video_stream`` (audio only, or only an attached picture),
@@ -598,6 +648,9 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
         raise RecordError(ErrorReason.READ_FAILED.value, f"{type(e).__name__}: {e}") from e
     if size == 0:
         raise RecordError(ErrorReason.EMPTY_FILE.value, f"{path} has 0 bytes")
+    _check_window(start_s, end_s)
+    lo = -np.inf if start_s is None else start_s - WINDOW_EPS_S
+    hi = np.inf if end_s is None else end_s - WINDOW_EPS_S
 
     cap = spec.max_frames
     limits = _Limits.of(spec)
@@ -605,12 +658,12 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
     pre_errors = 0
     if spec.sampling == "uniform":
         times, pre_errors = _packet_times(path, max_packets, budget_s, limits,
-                                          spec.allow_playlists)
+                                          spec.allow_playlists, start_s, end_s)
         if times:
             n = min(spec.num_frames, cap)
             targets = np.linspace(times[0], times[-1], n).tolist() if n > 1 else [times[0]]
 
-    dec = _Decoder(path, max_packets, budget_s, limits, spec.allow_playlists)
+    dec = _Decoder(path, max_packets, budget_s, limits, spec.allow_playlists, start_s)
     store = _FrameStore(frame_budget_bytes)
     try:
         codec = dec.stream.codec_context.name
@@ -628,6 +681,10 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
         prev: tuple[int, float, Any] | None = None
         prev_gray = None
         for frame, t in dec.frames():
+            if t < lo:
+                continue
+            if t >= hi:
+                break  # frames come in presentation order: the rest is past the window
             idx = count
             count += 1
             if coded is None:
@@ -672,8 +729,9 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
         dec.close()
 
     if count == 0:
+        window = "" if start_s is None and end_s is None else f" in [{start_s}, {end_s}) s"
         raise RecordError(ErrorReason.NO_FRAMES.value,
-                          f"no decodable video frame ({errors} packets failed)")
+                          f"no decodable video frame{window} ({errors} packets failed)")
     if spec.sampling == "uniform":
         if targets is None:  # no packet pts: evenly spaced among decoded frames
             picked = all_uniform_fallback.result()
@@ -708,6 +766,16 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
         codec=codec, container=container, mime=_MIMES.get(container, f"video/{container}"),
         timestamps_s=[held.t for held in picked], frames=frames,
         partial=errors > 0, decode_errors=errors, flags=tuple(flags))
+
+
+def _check_window(start_s: float | None, end_s: float | None) -> None:
+    """Raise ``ValueError`` naming ``start_s``/``end_s`` unless they make a window."""
+    if start_s is not None and not start_s >= 0:
+        raise ValueError(f"start_s must be >= 0 seconds, got {start_s}")
+    if end_s is not None and start_s is not None and not end_s > start_s:
+        raise ValueError(f"end_s ({end_s}) must be greater than start_s ({start_s})")
+    if end_s is not None and not end_s > 0:
+        raise ValueError(f"end_s must be > 0 seconds, got {end_s}")
 
 
 #: A video's near hash: the pHash of a 2 x 2 mosaic of this many sampled frames, each

@@ -55,7 +55,9 @@ class ModelBackend:
         return self.run(self.prepare(inputs))
 
     def media_stats(self) -> dict[str, Any]:
-        """Counters of images decoded by this backend (``models.media``); default none."""
+        """Counters this backend keeps for the job report: images it decoded
+        (``models.media``), frame windows it was sent (``processors.FrameWindows``);
+        default none."""
         return {}
 
 

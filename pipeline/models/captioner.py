@@ -10,6 +10,11 @@ Both produce ``generated_caption`` (one string per row) with ``max_new_tokens`` 
   (dynamic resolution, patch flattening), so the model's own processor runs on the
   already-resized uint8 pixels in the actor; the prompt is wrapped in the processor's
   chat template when it has one, and only the newly generated tokens are decoded.
+  With ``captioning.frames`` F > 1 a video (or clip) row arrives as a window of F frames,
+  (n, F, H, W, 3), and goes to the model as F images in one chat turn (Qwen2-VL,
+  Qwen2.5-VL, LLaVA take several); ``media_stats`` counts the windows and their frames.
+  Dynamic-resolution processors (Qwen2-VL's ``merge_size``) get ``image_size_px`` (default
+  448) square images, never their ``min_pixels`` read as a side.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import numpy as np
 import torch
 
 from pipeline.contracts import ImageGeometry, ModelInfo, OutputField
+from pipeline.errors import ModelLoadError
 from pipeline.models.base import ModelBackend
+from pipeline.models.processors import FrameWindows, load_processor
 from pipeline.models.torch_util import (copies_done, geometry_from_processor, normalizer_for,
                                         pick_dtype, to_device_uint8, wait_for)
 from pipeline.columns import GENERATED_CAPTION
@@ -81,11 +88,15 @@ class VlmCaptioner(ModelBackend):
     """``vlm``: any ``AutoModelForImageTextToText`` with its ``AutoProcessor``."""
 
     def __init__(self, model_dir: str, spec: CaptionModelSpec, device: str, backend: str = "vlm"):
-        from transformers import AutoModelForImageTextToText, AutoProcessor
+        from transformers import AutoModelForImageTextToText
 
         self.device, self.spec = device, spec
         self.dtype = pick_dtype(spec.dtype, device)
-        self.processor = AutoProcessor.from_pretrained(model_dir)
+        self.processor = load_processor(model_dir)
+        self.frames, self.windows = spec.frames or 1, FrameWindows()
+        if self.frames > 1 and not getattr(self.processor, "chat_template", None):
+            raise ModelLoadError(f"captioning.frames {self.frames}: the processor of "
+                                 f"{model_dir} has no chat template to place several images in")
         self.model = AutoModelForImageTextToText.from_pretrained(
             model_dir, dtype=self.dtype).to(device).eval()
         tokenizer = getattr(self.processor, "tokenizer", None)
@@ -94,29 +105,35 @@ class VlmCaptioner(ModelBackend):
         if tokenizer is not None and tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         florence = self.model.config.model_type.startswith("florence")
-        self.prompt = self._wrap(spec.prompt or (FLORENCE_PROMPT if florence else DEFAULT_VLM_PROMPT))
+        prompt = spec.prompt or (FLORENCE_PROMPT if florence else DEFAULT_VLM_PROMPT)
+        self.prompt, self.window_prompt = self._wrap(prompt, 1), self._wrap(prompt, self.frames)
         self.info = ModelInfo("vlm", (OutputField(GENERATED_CAPTION, "text"),),
-                              image=self._geometry(spec),
+                              image=self._geometry(spec), frames=self.frames,
                               description=_describe("vlm", self.model, device, self.dtype))
 
     def _geometry(self, spec: CaptionModelSpec) -> ImageGeometry:
         if spec.image_size_px:
             return ImageGeometry("squash", spec.image_size_px, spec.image_size_px)
         image_processor = getattr(self.processor, "image_processor", None)
-        if image_processor is None:
+        if image_processor is None or getattr(image_processor, "merge_size", None):
             return ImageGeometry("squash", DEFAULT_VLM_SIZE_PX, DEFAULT_VLM_SIZE_PX)
         return geometry_from_processor(image_processor, DEFAULT_VLM_SIZE_PX)
 
-    def _wrap(self, prompt: str) -> str:
+    def _wrap(self, prompt: str, images: int) -> str:
+        """``prompt`` after ``images`` image placeholders in the chat template, if any."""
         if not getattr(self.processor, "chat_template", None):
             return prompt
-        messages = [{"role": "user", "content": [{"type": "image"},
-                                                 {"type": "text", "text": prompt}]}]
+        content = [{"type": "image"}] * images + [{"type": "text", "text": prompt}]
+        messages = [{"role": "user", "content": content}]
         return self.processor.apply_chat_template(messages, add_generation_prompt=True)
 
     def run(self, prepared):
-        images = list(np.asarray(prepared["pixels"]))
-        inputs = self.processor(images=images, text=[self.prompt] * len(images),
+        """``pixels`` (n, H, W, 3) or windows (n, F, H, W, 3) uint8 -> n captions."""
+        pixels = np.asarray(prepared["pixels"])
+        self.windows.add(pixels)
+        images = [list(w) if pixels.ndim == 5 else w for w in pixels]
+        prompt = self.window_prompt if pixels.ndim == 5 else self.prompt
+        inputs = self.processor(images=images, text=[prompt] * len(images),
                                 return_tensors="pt", padding=True)
         inputs = {k: (v.to(self.device, dtype=self.dtype) if torch.is_floating_point(v)
                       else v.to(self.device)) for k, v in inputs.items()}
@@ -124,3 +141,6 @@ class VlmCaptioner(ModelBackend):
         new = ids[:, inputs["input_ids"].shape[1]:] if not self.model.config.is_encoder_decoder else ids
         texts = self.processor.batch_decode(new, skip_special_tokens=True)
         return {GENERATED_CAPTION: [t.strip() for t in texts]}
+
+    def media_stats(self):
+        return self.windows.stats()

@@ -29,6 +29,7 @@ BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
                               ("text_embedding",)),
     "clip": ("pipeline.models.dual_encoder:DualEncoder", ("image_embedding",)),
     "siglip": ("pipeline.models.dual_encoder:DualEncoder", ("image_embedding",)),
+    "xclip": ("pipeline.models.video_embedding:XClipEmbedder", ("image_embedding",)),
     "blip": ("pipeline.models.captioner:BlipCaptioner", ("captioning",)),
     "vlm": ("pipeline.models.captioner:VlmCaptioner", ("captioning",)),
     "vllm": ("pipeline.models.vllm_captioner:VllmCaptioner", ("captioning",)),
@@ -71,13 +72,20 @@ def resolve_backend(section: str, section_spec: Any, config: dict[str, Any]) -> 
             if not name:
                 raise ModelLoadError(f"image_embedding.model {section_spec.model!r}: model_type "
                                      f"{model_type!r} is not CLIP or SigLIP; set "
-                                     "image_embedding.backend")
+                                     "image_embedding.backend (xclip for X-CLIP)")
         elif section == "image_classification":
             name = "image-classifier"
         else:
             name = "blip" if model_type == "blip" else "vlm"
     if section not in BACKENDS.get(name, ("", ()))[1]:
         raise ModelLoadError(f"{section}.backend {name!r} cannot serve {section}")
+    if name == "xclip" and config.get("model_type") != "xclip":
+        raise ModelLoadError(f"image_embedding.model {section_spec.model!r}: backend xclip "
+                             f"needs an X-CLIP checkpoint, model_type is "
+                             f"{config.get('model_type')!r}")
+    if section == "captioning" and (section_spec.frames or 1) > 1 and name != "vlm":
+        raise ModelLoadError(f"captioning.frames {section_spec.frames}: backend {name!r} takes "
+                             "one image per row; multi-frame windows need backend vlm")
     return name
 
 

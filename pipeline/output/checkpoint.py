@@ -43,6 +43,10 @@ class CommitMarker(BaseModel):
     ``downloads``: HTTP counters (URL manifests). ``settings``: the output-affecting
     settings the ``fingerprint`` hashes, so a refused resume can say what changed.
     ``job``: the spec's ``name`` (empty in markers written before it was recorded).
+    Fan-out (``video.clips``: one input, several rows): ``inputs_read``: the inputs (plan
+    records) read, ``rows_per_input``: how many rows each input became, in input order
+    (empty when every input is one row), ``clips``: rows that are clips; markers written
+    before fan-out have none of them (``inputs``: then ``rows_in``).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -69,6 +73,14 @@ class CommitMarker(BaseModel):
     throttled_requests: int = 0
     downloads: dict[str, int] = Field(default_factory=dict)
     settings: dict[str, Any] = Field(default_factory=dict)
+    inputs_read: int | None = None
+    rows_per_input: list[int] = Field(default_factory=list)
+    clips: int = 0
+
+    @property
+    def inputs(self) -> int:
+        """Inputs this attempt read (``rows_in`` in markers written before fan-out)."""
+        return self.rows_in if self.inputs_read is None else self.inputs_read
 
     @field_validator("rows_by_status")
     @classmethod

@@ -101,7 +101,8 @@ class Committed(Mapping):
 
     def count_in_background(self) -> "SkippedRows":
         """Start reading every marker on a thread; ``SkippedRows.add_to(report)`` waits
-        for it and adds the rows (by status, reason and flag, ``rows_out``) to a ``JobReport``."""
+        for it and adds the rows (by status, reason and flag, ``rows_out``, ``inputs_read``, ``clips``) to a
+        ``JobReport``."""
         return SkippedRows(self)
 
 
@@ -113,6 +114,8 @@ class SkippedRows:
         self.rows_by_reason: collections.Counter = collections.Counter()
         self.rows_by_flag: collections.Counter = collections.Counter()
         self.rows_out = 0
+        self.inputs_read = 0
+        self.clips = 0
         self.error: BaseException | None = None
         self._committed = committed
         self._thread = threading.Thread(target=self._run, name="skipped-markers", daemon=True)
@@ -130,6 +133,8 @@ class SkippedRows:
                         self.rows_by_reason.update(m.rows_by_reason)
                         self.rows_by_flag.update(m.rows_by_flag)
                         self.rows_out += m.rows_in
+                        self.inputs_read += m.inputs
+                        self.clips += m.clips
         except BaseException as e:  # noqa: BLE001 - re-raised by add_to on the caller's thread
             self.error = e
 
@@ -143,3 +148,5 @@ class SkippedRows:
         report.rows_by_reason.update(self.rows_by_reason)
         report.rows_by_flag.update(self.rows_by_flag)
         report.rows_out += self.rows_out
+        report.inputs_read += self.inputs_read
+        report.clips += self.clips

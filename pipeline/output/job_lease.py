@@ -145,6 +145,13 @@ class JobLease:
         self.record = self.record.model_copy(update={"generation": generation})
         put_atomic(self.uri, self.record.to_json())
 
+    def set_state(self, state: str) -> None:
+        """Record what the run waits for (``""``: nothing), shown by ``mmpipe status``;
+        written only when it changes."""
+        if state != self.record.state:
+            self.record = self.record.model_copy(update={"state": state})
+            put_atomic(self.uri, self.record.to_json())
+
     def held(self) -> bool:
         """True if this lease is still the newest, not released and not expired (by the
         storage's clock)."""

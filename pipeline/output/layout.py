@@ -3,6 +3,7 @@
 ```
 <output>/
   _plan/plan.parquet, _plan/partitions.parquet     the PartitionPlan (written once)
+  _plan/extension-0001.parquet, .json              an append's new partitions and record
   _checkpoints/<pid>.json                          commit markers
   _failures/<pid>.json                             last error of a failed partition
   _SUCCESS                                         the JobReport, once complete
@@ -291,6 +292,11 @@ class OutputLayout:
     @property
     def plan_index(self) -> str:
         return self.uri(PLAN_INDEX_FILE)
+
+    def plan_extension(self, number: int, suffix: str) -> str:
+        """``_plan/extension-0001.<suffix>`` of extension ``number`` (``parquet``: its
+        plan rows; ``json``: its record, ``pipeline.output.plan.extend``)."""
+        return self.uri(f"{PLAN_DIR}/extension-{number:04d}.{suffix}")
 
     @property
     def checkpoints(self) -> str:

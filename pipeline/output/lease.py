@@ -147,8 +147,9 @@ class LeaseRecord(BaseModel):
     """A lease file. ``kind``: ``job`` or ``attempt``; ``host``, ``pid``,
     ``pid_started_at`` (process start, Unix s): the holder process; ``run_id``: the
     driver's run id (job leases, and attempts run by a driver); ``partition_id`` /
-    ``attempt_id`` (attempt leases); ``fingerprint``, ``job``, ``generation`` (job
-    leases). ``started_at``, ``renewed_at``, ``expires_at``: Unix seconds; ``released``:
+    ``attempt_id`` (attempt leases); ``fingerprint``, ``job``, ``generation``, ``state``
+    (job leases; ``state``: what the run waits for, e.g. ``waiting for resources: ...``,
+    "" while it runs). ``started_at``, ``renewed_at``, ``expires_at``: Unix seconds; ``released``:
     the holder let it go (a job lease is kept, released, as the last holder's record)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -163,6 +164,7 @@ class LeaseRecord(BaseModel):
     fingerprint: str = ""
     job: str = ""
     generation: int = 0
+    state: str = ""
     started_at: float = 0.0
     renewed_at: float = 0.0
     expires_at: float = 0.0

@@ -299,7 +299,8 @@ def union(store: DedupStore, gen: Generation,
         for task, m in sorted(store.markers(g).items()):
             if task.rpartition("-b-")[1]:
                 files += m.files
-    table = groups.duplicates(store.read_tables(files, groups.PAIRS_SCHEMA))
+    frames = bool(gen.settings.get("frames"))
+    table = groups.duplicates(store.read_tables(files, groups.pairs_schema(frames)), frames)
     attempt = new_id()
     rel = f"_dedup/duplicates/g-{gen.generation:06d}.a-{attempt}.parquet"
     held = store.lease(f"duplicates-g-{gen.generation:06d}", attempt, *lease)

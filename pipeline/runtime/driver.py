@@ -26,6 +26,7 @@ from pipeline.storage import fs, retry
 from pipeline.output import plan as planning
 from pipeline.output.checkpoint import CheckpointStore
 from pipeline.models.registry import check_models
+from pipeline.runtime.cost import run_cost
 from pipeline.runtime.executors import (ProcessWorkers, RayWorkers, WorkerLost, needs_ray,
                                         new_run_id, planned_workers)
 from pipeline.runtime.metrics import DriverMetrics, job_namespace
@@ -89,7 +90,7 @@ def _run_job(output: OutputSession, pipeline, run_id: str, t0: float,
         plan, how = planning.load_or_create(
             spec.sink.uri, spec.source, source.list_inputs, source.items_per_partition,
             source.plan_metadata, source.rows_known,
-            target_partitions(spec, processes))
+            target_partitions(spec, processes), append=spec.runtime.mode == "append")
         done = listing.result()  # PlanError: another fingerprint
     report = JobReport(spec.name, spec.sink.uri, fp, f"{how}, {len(plan)} partitions",
                        partitions_total=len(plan), inputs=plan.totals(), run_id=run_id)
@@ -100,18 +101,21 @@ def _run_job(output: OutputSession, pipeline, run_id: str, t0: float,
              else "worker processes, no Ray")
     log.info("job %s: run %s (%s): %d partitions planned (%s), %d already committed, %d to "
              "run", spec.name, run_id, where, len(plan), how, len(done), len(todo))
-    records = None if plan.rows_total is None else sum(
+    # the progress total in rows: unknown where a video fans out into clip rows
+    records = None if plan.rows_total is None or spec.video.clips.enabled else sum(
         n for p, n in zip(plan.partition_ids, plan.rows_planned) if p not in done)
     try:
         if todo:
             _run_partitions(spec, fp, todo, report, records, processes,
-                            on_commit=output.tables.committed)
+                            on_commit=output.tables.committed, on_wait=output.lease.set_state)
     except Stopped:
         raise
     except KeyboardInterrupt:  # SIGINT/SIGTERM (pipeline.runtime.stops): say what is committed
         raise Stopped(report) from None
     finally:
         skipped_rows.add_to(report)
+    report.cost = run_cost(spec, report.attempt_s, report.model_actors, report.rows_processed,
+                           models_in_workers=processes is not None)
     report.wall_s = time.time() - t0
     if report.complete:
         output.complete(report.to_dict())   # _SUCCESS; older generations deleted
@@ -131,31 +135,51 @@ def target_partitions(spec: JobSpec, processes: ProcessWorkers | None) -> int:
 
 def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
                     records: int | None, processes: ProcessWorkers | None,
-                    on_commit=None) -> None:
+                    on_commit=None, on_wait=None) -> None:
     """Run the partitions ``todo`` (``records``: the records they plan, None if unknown;
     ``on_commit(marker)``: called once a partition's marker exists, e.g. the Delta tables'
-    ``Publisher.committed``).
-    Raises ``ResourceWaitError`` if no node takes a ModelActor, or any PartitionWorker,
-    within ``runtime.resource_wait_s``."""
+    ``Publisher.committed``; ``on_wait(line)``: told ``waiting for resources: ...`` while
+    the job waits for admission and ``""`` once admitted, e.g. ``JobLease.set_state``).
+    On Ray the job is first admitted (``admission.admit``: its minimum as one placement
+    group), then its model pools follow the bottleneck (``pool_scaler``).
+    Raises ``ResourceWaitError`` if the job's minimum, or any PartitionWorker, finds no
+    room within ``runtime.resource_wait_s``."""
     progress = Progress(records, len(todo), spec.runtime.progress_interval_s)  # models load
     pools: list = []
-    scheduler = None
+    scheduler = admission = scaler = None
+
+    def waiting(line: str) -> None:
+        progress.waiting(line)
+        if on_wait is not None:
+            on_wait(line)
+
     try:
         if processes is None:
-            from pipeline.runtime.model_pool import start_model_pools  # Ray: only here
+            from pipeline.runtime.admission import admit  # Ray: only here
+            from pipeline.runtime.model_pool import start_model_pools
+            from pipeline.runtime.pool_scaler import PoolScaler
 
-            pools = start_model_pools(spec, report.run_id)
-            workers = RayWorkers(spec, fp, pools, report.run_id)
+            admission = admit(spec, report.run_id, waiting)
+            report.admission_wait_s = round(admission.waited_s, 2)
+            pools = start_model_pools(spec, report.run_id, admission)
+            workers = RayWorkers(spec, fp, pools, report.run_id, admission=admission)
         else:
             workers = processes
             workers.bind(spec, fp)
         scheduler = _Scheduler(spec, todo, report, workers, progress, on_commit)
+        if pools:
+            scaler = scheduler.scaler = PoolScaler(
+                spec, pools, report.run_id, own_group=admission.group,
+                push=lambda section, actors: workers.set_replicas(
+                    list(scheduler.workers.values()), section, actors))
         scheduler.start_initial()
         scheduler.loop()
         if pools:
             from pipeline.runtime.model_pool import model_stats
 
-            report.model_actors = model_stats(pools)  # not after a stop: it waits on them
+            # not after a stop: it waits on them
+            report.model_actors = model_stats(pools) + scaler.retired
+            report.model_pools = scaler.report()
         else:   # worker processes' own model copies, as of their last attempt
             report.model_actors = [s for worker in sorted(scheduler.model_stats)
                                    for s in scheduler.model_stats[worker]]
@@ -169,10 +193,14 @@ def _run_partitions(spec: JobSpec, fp: str, todo: list, report: JobReport,
         if scheduler is not None:
             scheduler.close()
         progress.close()
+        if scaler is not None:
+            scaler.close()
         if pools:
             from pipeline.runtime.model_pool import stop_model_pools
 
             stop_model_pools(pools)
+        if admission is not None:
+            admission.release()
 
 
 SCALE_TICK_S = 2.0  # seconds between looks at the cluster's free resources
@@ -184,7 +212,9 @@ class _Scheduler:
     The pool: ``runtime.num_workers`` fixed workers, else an elastic pool of up to
     ``runtime.max_workers`` (default one per partition remaining): every ``SCALE_TICK_S``
     it asks the autoscaler for a bundle per wanted worker and starts workers the free
-    resources hold (nodes that joined mid-job); once the queue is empty, idle workers go.
+    resources hold (nodes that joined mid-job) less what other jobs waiting for admission
+    need (``admission.spare``: fair sharing); once the queue is empty, idle workers go.
+    The same tick lets ``scaler`` (``pool_scaler.PoolScaler``) resize the model pools.
     A worker is handed work only once its actor is up (its ``ping`` returned), so a
     replacement for a worker lost with its node waits for resources without holding a
     partition hostage; one still unplaced after ``resource_wait_s`` is dropped, or, if no
@@ -223,6 +253,7 @@ class _Scheduler:
         self.last_scale = 0.0
         self.model_stats: dict[int, list[dict]] = {}  # worker -> its own models' statistics
         self.last_poll = 0.0
+        self.scaler = None   # pool_scaler.PoolScaler: the model pools, every SCALE_TICK_S
 
     def wanted(self) -> int:
         """Workers this run can use now: one per partition queued or in flight, capped by
@@ -269,7 +300,7 @@ class _Scheduler:
                 self._started(ref)
                 continue
             i, pid, attempt = self.in_flight.pop(ref)
-            self.handed_at.pop(ref, None)
+            self._attempt_ended(ref)
             try:
                 outcome = self.backend.get(ref)
             except Exception as e:  # noqa: BLE001 - a lost worker or the attempt's error
@@ -325,6 +356,8 @@ class _Scheduler:
         if now - self.last_scale < SCALE_TICK_S and (self.workers or not self.queue):
             return
         self.last_scale = now
+        if self.scaler is not None:
+            self.scaler.tick()
         wanted = self.wanted()
         self.backend.ask(wanted)
         self._check_waits(now)
@@ -389,11 +422,18 @@ class _Scheduler:
             if now - self.handed_at.get(ref, now) <= limit:
                 continue
             del self.in_flight[ref]
-            self.handed_at.pop(ref, None)
+            self._attempt_ended(ref)
             self.backend.kill(self.workers[i])
             self._failed(i, pid, attempt, AttemptTimeout(
                 f"partition {pid} attempt {attempt} ran longer than "
                 f"runtime.attempt_timeout_s={limit:g} s; cancelled"))
+
+    def _attempt_ended(self, ref) -> None:
+        """Add the wall time of the attempt ``ref`` (hand-out to outcome) to the report's
+        ``attempt_s`` (the partition workers' cost, ``runtime.cost``)."""
+        handed = self.handed_at.pop(ref, None)
+        if handed is not None:
+            self.report.attempt_s += time.monotonic() - handed
 
     def _done(self, pid: str, outcome: AttemptOutcome | None) -> None:
         """Count the partition's marker: this outcome's, or - if it lost the commit race

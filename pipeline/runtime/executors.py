@@ -115,13 +115,20 @@ class RayWorkers:
     ``partition_task_names`` (``PARTITION_TASK_NAMES_ENV=1``: set by ``mmpipe run
     --dashboard`` for the local head that lives only for its run) it is named
     ``p-000042 a-<attempt>``, so the dashboard's task tables say which partition each
-    worker holds."""
+    worker holds. With ``admission`` (the job's admitted placement group), one worker
+    at a time takes the group's PartitionWorker bundle, and growth beyond it takes only
+    ``admission.spare`` resources (fair sharing)."""
 
     def __init__(self, spec, fingerprint: str, pools: list, run_id: str,
-                 partition_task_names: bool | None = None):
+                 partition_task_names: bool | None = None, admission=None):
         from pipeline.runtime.model_pool import actor_request
 
         self.spec, self.fp, self.pools, self.run_id = spec, fingerprint, pools, run_id
+        # the job's placement group (admission.Admission): one worker at a time runs in
+        # its PartitionWorker bundle (``bundle_index``), the others as resources allow
+        self.admission = admission
+        self.bundle_index: int | None = None
+        self.bundle_actor = None
         self.request = actor_request(1, 0, spec.runtime.worker_resources)
         self.partition_task_names = (os.environ.get(PARTITION_TASK_NAMES_ENV) == "1"
                                      if partition_task_names is None else partition_task_names)
@@ -132,11 +139,19 @@ class RayWorkers:
         """Ask Ray for worker ``index`` (``-r<n>`` after ``n`` restarts); returns its handle."""
         from pipeline.runtime.metrics import job_namespace
 
+        from pipeline.runtime.admission import WORKER
+
         name = f"PartitionWorker-{index}" + (f"-r{restarts}" if restarts else "")
-        return remote_worker().options(
+        strategy = None
+        if self.admission is not None and self.bundle_index in (None, index):
+            strategy, self.bundle_index = self.admission.strategy(WORKER), index
+        handle = remote_worker().options(
             name=name, namespace=job_namespace(self.spec.name, self.run_id), num_cpus=1,
-            resources=dict(self.spec.runtime.worker_resources),
+            resources=dict(self.spec.runtime.worker_resources), scheduling_strategy=strategy,
         ).remote(self.spec.model_dump_json(), self.fp, index, self.pools, self.run_id)
+        if strategy is not None:
+            self.bundle_actor = handle._actor_id   # noqa: SLF001 - see records()
+        return handle
 
     def ping(self, handle):
         """A ref that is ready once the worker is up."""
@@ -192,14 +207,32 @@ class RayWorkers:
         import ray
 
         self._polls.pop(handle._actor_id, None)   # noqa: SLF001 - see records()
+        if handle._actor_id == self.bundle_actor:   # noqa: SLF001
+            self.bundle_index = self.bundle_actor = None
         ray.kill(handle)
 
-    def fits_now(self) -> int:
-        """How many workers the cluster's free resources hold now (summed over nodes)."""
+    def set_replicas(self, handles: list, section: str, actors: list,
+                     timeout_s: float = 10.0) -> None:
+        """Tell the workers ``handles`` that model stage ``section`` is served by
+        ``actors`` now (``PartitionWorker.set_replicas``, on the ``status`` concurrency
+        group); waits up to ``timeout_s`` seconds for their answers (a dead or still
+        starting worker is not waited for longer)."""
         import ray
 
-        free = ray.available_resources()
-        return int(min(free.get(k, 0.0) // v for k, v in self.request.items() if v > 0))
+        refs = [h.set_replicas.options(concurrency_group=STATUS_GROUP).remote(section, actors)
+                for h in handles]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+
+    def fits_now(self) -> int:
+        """How many workers the cluster's free resources hold now (summed over nodes),
+        less what other jobs waiting for admission need (``admission.spare``), plus the
+        job's own PartitionWorker bundle when no worker holds it."""
+        from pipeline.runtime.admission import fits, spare
+
+        own = self.admission.group if self.admission is not None else None
+        bundle = self.admission is not None and self.bundle_index is None
+        return fits(self.request, spare(own)) + int(bundle)
 
     def free(self) -> dict[str, float]:
         """The free amount of each resource a worker asks for (for the log)."""

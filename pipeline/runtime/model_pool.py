@@ -2,7 +2,8 @@
 
 One mechanism for every model step (``text_embedding``, ``image_embedding``,
 ``image_classification``, ``captioning``): each enabled section gets a pool of
-``replicas`` ModelActors (``num_gpus`` each, fractional allowed) that load their backend
+``replicas`` ModelActors (``replicas.min`` at start; ``pool_scaler`` adds and removes
+replicas up to ``replicas.max`` and pushes the new set to the workers' ``ModelClient``s) (``num_gpus`` each, fractional allowed) that load their backend
 once (``models.registry``) and serve it with a ``BatchServer`` (coalescing,
 prepare/compute overlap, OOM halving). Actors are
 threaded (``actor_concurrency`` requests at once), so several batches are in flight per
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from typing import Any
 
@@ -57,14 +59,16 @@ def resource_wait_error(name: str, request: dict[str, float], waited_s: float) -
     what = "no node has free" if offered else "no node offers"
     return ResourceWaitError(
         f"{what} {request} for {name} after {waited_s:g} s; the cluster has "
-        f"{_brief(ray.cluster_resources())} ({_brief(ray.available_resources())} free) on "
+        f"{brief(ray.cluster_resources())} ({brief(ray.available_resources())} free) on "
         f"{len(alive)} node{'' if len(alive) == 1 else 's'}")
 
 
-def _brief(resources: dict[str, float]) -> dict[str, float]:
-    """Resources without Ray's per-node labels and memory sizes."""
+def brief(resources: dict[str, float]) -> dict[str, float]:
+    """Resources without Ray's per-node labels, memory sizes and placement group
+    resources (``CPU_group_<id>``, ``bundle_group_<i>_<id>``)."""
     return {k: v for k, v in sorted(resources.items())
-            if not k.startswith("node:") and k not in ("memory", "object_store_memory")}
+            if not k.startswith("node:") and k not in ("memory", "object_store_memory")
+            and "_group_" not in k}
 
 
 def actor_request(num_cpus: float, num_gpus: float = 0.0,
@@ -104,11 +108,19 @@ class ModelActor:
                                   batch_wait_s=section_spec.batch_wait_s)
         self.started = time.time()
         self.load_s = self.started - t0
+        self.pending = 0   # run() calls here now (computing or queued)
+        self.lock = threading.Lock()
         log.info("%s: loaded %s in %.1fs", self.name, self.backend.info.description, self.load_s)
 
     def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Run one worker batch (coalesced with others queued here); return its columns."""
-        return self.server(inputs)
+        with self.lock:
+            self.pending += 1
+        try:
+            return self.server(inputs)
+        finally:
+            with self.lock:
+                self.pending -= 1
 
     def ready(self) -> ModelInfo:
         return self.backend.info
@@ -116,7 +128,8 @@ class ModelActor:
     def get_stats(self) -> dict[str, Any]:
         from pipeline.models.serving import server_stats
 
-        return server_stats(self.server, self.name, self.section, self.load_s, self.started)
+        return dict(server_stats(self.server, self.name, self.section, self.load_s,
+                                 self.started), pending=self.pending)
 
     def __repr__(self) -> str:
         return f"ModelActor({getattr(self, 'name', 'starting')})"
@@ -124,26 +137,41 @@ class ModelActor:
 
 @dataclasses.dataclass
 class ModelPool:
-    """The replicas of one model step and what they told at start-up."""
+    """The replicas of one model step and what they told at start-up; ``started``: how
+    many replicas were ever started (the next one is ``ModelActor-<section>-<started>``)."""
 
     section: str
     actors: list
     info: ModelInfo
+    started: int = 0
 
 
 def reserved_cpus(spec: JobSpec) -> float:
-    """CPUs the enabled model pools reserve (``replicas * num_cpus`` summed)."""
+    """CPUs the enabled model pools reserve at start (``replicas.min * num_cpus`` summed)."""
     from pipeline.models.registry import enabled_sections
 
-    return sum(getattr(spec, s).replicas * getattr(spec, s).num_cpus
+    return sum(getattr(spec, s).pool.min * getattr(spec, s).num_cpus
                for s in enabled_sections(spec))
 
 
-def start_model_pools(spec: JobSpec, run_id: str = "") -> list[ModelPool]:
-    """Start every enabled section's replicas together and wait until each has loaded.
+def start_replica(spec: JobSpec, section: str, index: int, run_id: str = "",
+                  strategy=None):
+    """Ask Ray for replica ``ModelActor-<section>-<index>`` of the run's namespace (in a
+    placement group bundle when ``strategy`` is one); returns its handle at once."""
+    sspec = getattr(spec, section)
+    return ModelActor.options(
+        name=f"ModelActor-{section}-{index}", namespace=job_namespace(spec.name, run_id),
+        num_cpus=sspec.num_cpus, num_gpus=sspec.num_gpus, scheduling_strategy=strategy,
+        max_concurrency=sspec.actor_concurrency + 2, max_restarts=2,
+    ).remote(section, spec.model_dump_json())
+
+
+def start_model_pools(spec: JobSpec, run_id: str = "", admission=None) -> list[ModelPool]:
+    """Start every enabled section's minimum replicas together and wait until each has loaded.
 
     The actors are named ``ModelActor-<section>-<i>`` in the run's namespace
-    (``job_namespace(spec.name, run_id)``). An actor that no node takes within
+    (``job_namespace(spec.name, run_id)``); with ``admission`` (``admission.Admission``)
+    each goes into its bundle of the job's placement group. An actor that no node takes within
     ``runtime.resource_wait_s`` raises ``ResourceWaitError`` (e.g. ``num_gpus=1`` on a
     cluster without GPUs); loading the model itself has no time limit.
 
@@ -155,19 +183,15 @@ def start_model_pools(spec: JobSpec, run_id: str = "") -> list[ModelPool]:
 
     started: dict[str, list] = {}
     for section in enabled_sections(spec):
-        sspec = getattr(spec, section)
         started[section] = [
-            ModelActor.options(name=f"ModelActor-{section}-{i}",
-                               namespace=job_namespace(spec.name, run_id),
-                               num_cpus=sspec.num_cpus, num_gpus=sspec.num_gpus,
-                               max_concurrency=sspec.actor_concurrency + 2, max_restarts=2)
-            .remote(section, spec.model_dump_json()) for i in range(sspec.replicas)]
+            start_replica(spec, section, i, run_id, admission and admission.strategy(
+                f"ModelActor-{section}-{i}")) for i in range(getattr(spec, section).pool.min)]
     try:
         infos = _wait_loaded(spec, started)
     except Exception:
         stop_model_pools([ModelPool(s, a, None) for s, a in started.items()])
         raise
-    return [ModelPool(s, actors, infos[s][0])
+    return [ModelPool(s, actors, infos[s][0], len(actors))
             for s, actors in started.items()]
 
 
@@ -210,13 +234,17 @@ def model_stats(pools: list[ModelPool], timeout_s: float = 10) -> list[dict[str,
     return out
 
 
-def worker_models(pools: list[ModelPool], index: int, wrap=None) -> dict[str, tuple]:
+def worker_models(pools: list[ModelPool], index: int, wrap=None,
+                  clients: dict | None = None) -> dict[str, tuple]:
     """A worker's models for ``assembly.assemble``: section -> ``(client, ModelInfo)``.
     ``wrap(client)`` (optional) decorates each client, e.g. with metrics. Worker ``index``
-    picks the first replica (spreads the load)."""
+    picks the first replica (spreads the load). ``clients`` (optional) gets each section's
+    bare ``ModelClient``, whose replica set ``ModelClient.replace`` changes."""
     out = {}
     for pool in pools:
-        client = ModelClient(pool.actors, index)
+        client = ModelClient(list(pool.actors), index)
+        if clients is not None:
+            clients[pool.section] = client
         out[pool.section] = (wrap(client) if wrap else client, pool.info)
     return out
 
@@ -229,15 +257,21 @@ class ModelClient:
         self.actors = actors
         self.next = first % max(1, len(actors))
 
+    def replace(self, actors: list) -> None:
+        """Serve from the replicas ``actors`` from now on (the pool grew or shrank);
+        a batch out on a removed replica is retried on these by ``result``."""
+        self.actors = list(actors)
+
     def _call(self, inputs_ref, replica: int):
-        return self.actors[replica % len(self.actors)].run.remote(inputs_ref)
+        actors = self.actors
+        return actors[replica % len(actors)].run.remote(inputs_ref)
 
     def submit(self, inputs: dict[str, Any]) -> tuple:
         from pipeline.models.serving import SUBMITTED_AT
 
         ref = ray.put(dict(inputs, **{SUBMITTED_AT: time.time()}))
         replica = self.next
-        self.next = (self.next + 1) % len(self.actors)
+        self.next = (self.next + 1) % max(1, len(self.actors))
         return [ref, self._call(ref, replica), replica]
 
     def ready(self, handle) -> bool:

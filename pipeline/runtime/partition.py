@@ -5,7 +5,8 @@ inside a ``PartitionWorker`` actor, in a plain loop (benchmarks) and in tests. M
 go through ``pipeline.steps.model.ModelStages``: at most ``max_in_flight`` batches wait on
 the models while the CPU steps go on with the next ones. A batch read is cut by the
 estimated bytes of its decoded arrays (``runtime.max_batch_bytes``, ``runtime.budget``)
-before the CPU steps run. Every datasink follows the
+before the CPU steps run; with ``video.clips`` the pipeline's ``splitter`` first turns its
+video rows into clip rows, in sub-batches, and the attempt counts the rows of each input. Every datasink follows the
 ``Datasink`` lifecycle; the commit marker is built from this attempt's ``AttemptStats``.
 """
 
@@ -17,6 +18,7 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from pipeline import __version__
@@ -33,6 +35,7 @@ from pipeline.output.sinks.base import WriteResult
 from pipeline.stats import AttemptStats
 from pipeline.records import Partition, Status
 from pipeline.runtime.budget import cut_batch
+from pipeline.steps.clips import remove_clip_files
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +116,7 @@ def _attempt(pipeline: Pipeline, partition: Partition, attempt_id: str,
     known = pipeline.writes | set(schema.names)
     pending: collections.deque = collections.deque()
     read = 0
+    counts: list[int] = []   # rows each input became, in input order
     for sink in pipeline.datasinks:
         sink.on_write_start(pid, attempt_id, schema)
     try:
@@ -123,17 +127,19 @@ def _attempt(pipeline: Pipeline, partition: Partition, attempt_id: str,
                                                             pool, stats):
                 batch = _start_batch(batch, pid)
                 read += len(batch[STATUS])
-                for part in cut_batch(batch, pipeline.steps, spec.runtime.max_batch_bytes):
-                    _run_steps(pipeline, part, known, pending, stats, on_rows)
+                for rows in _fan_out(pipeline, batch, counts):
+                    for part in cut_batch(rows, pipeline.steps, spec.runtime.max_batch_bytes):
+                        _run_steps(pipeline, part, known, pending, stats, on_rows)
             _write_ready(pipeline, pending, stats, 1, on_rows)
             _check_accounting(pid, pipeline.datasource.rows_planned(partition), read,
-                              stats.rows_in)
+                              counts, stats.rows_in)
             result = sum((s.on_write_complete() for s in pipeline.datasinks), WriteResult())
     except BaseException as e:
         for sink in pipeline.datasinks:
             sink.on_write_failed(e)
         raise
-    marker = _marker(pipeline, partition, attempt_id, result, stats, started, ran_on)
+    marker = _marker(pipeline, partition, attempt_id, result, stats, started, ran_on,
+                     counts)
     try:
         _check_commit(pipeline, marker, lease)
     except BaseException as e:
@@ -147,6 +153,16 @@ def _attempt(pipeline: Pipeline, partition: Partition, attempt_id: str,
         for sink in pipeline.datasinks:
             sink.on_write_failed(None)
     return AttemptOutcome(marker, committed, dict(stats.rows), first_errors=stats.first_errors)
+
+
+def _fan_out(pipeline: Pipeline, batch: Batch, counts: list[int]) -> Iterator[Batch]:
+    """``batch`` as the rows the steps take: its clip rows in bounded sub-batches with a
+    clip splitter (``video.clips``), else itself; appends each input's row count."""
+    if pipeline.splitter is None:
+        counts.extend([1] * len(batch[STATUS]))
+        yield batch
+        return
+    yield from pipeline.splitter.split(batch, counts)
 
 
 def _run_steps(pipeline: Pipeline, batch: Batch, known: set[str],
@@ -173,12 +189,19 @@ def _check_commit(pipeline: Pipeline, marker: CommitMarker, lease: AttemptLease)
     lease.check(pipeline.spec.runtime.lease_s / 4)
 
 
-def _check_accounting(pid: str, planned: int | None, read: int, written: int) -> None:
-    """Every planned record is read as one row and every row is written; else raise
-    ``PartitionError`` (the attempt is retried, then reported; it never commits)."""
-    if written != read or (planned is not None and read != planned):
+def _check_accounting(pid: str, planned: int | None, read: int, counts: list[int],
+                      written: int) -> None:
+    """Every planned input is read, every input becomes >= 1 row (``counts``: rows per
+    input, in input order; more than one when a video fans out into clips) and every row
+    is written; else raise ``PartitionError`` (the attempt is retried, then reported; it
+    never commits)."""
+    empty = sum(1 for n in counts if n < 1)
+    if (written != sum(counts) or len(counts) != read or empty
+            or (planned is not None and read != planned)):
         raise PartitionError(f"partition {pid}: {planned if planned is not None else '?'} "
-                             f"records planned, {read} read, {written} written; not committed")
+                             f"inputs planned, {read} read ({len(counts)} counted, {empty} "
+                             f"with no row), {sum(counts)} rows made, {written} written; "
+                             "not committed")
 
 
 def _check_columns(batch: Batch, known: set[str], step: str) -> None:
@@ -197,12 +220,15 @@ def _write_ready(pipeline: Pipeline, pending: collections.deque, stats: AttemptS
         stats.count_rows(batch)
         for sink in pipeline.datasinks:
             sink.write(batch)
+        remove_clip_files(batch)
         on_rows(len(batch[STATUS]))
 
 
 def _marker(pipeline: Pipeline, partition: Partition, attempt_id: str, result: WriteResult,
-            stats: AttemptStats, started: float, ran_on: dict[str, str] | None) -> CommitMarker:
+            stats: AttemptStats, started: float, ran_on: dict[str, str] | None,
+            counts: list[int]) -> CommitMarker:
     finished = time.time()
+    fanned = pipeline.splitter is not None
     return CommitMarker(
         version=MARKER_VERSION, job=pipeline.spec.name, partition_id=partition.partition_id,
         attempt_id=attempt_id,
@@ -215,4 +241,5 @@ def _marker(pipeline: Pipeline, partition: Partition, attempt_id: str, result: W
         duration_s=round(finished - started, 3), mmpipe_version=__version__,
         ran_on=ran_on or {}, retried_requests=stats.retried_requests,
         throttled_requests=stats.throttled_requests,
-        downloads=dict(sorted(stats.downloads.items())), settings=pipeline.settings())
+        downloads=dict(sorted(stats.downloads.items())), settings=pipeline.settings(),
+        inputs_read=len(counts), rows_per_input=counts if fanned else [], clips=stats.clips)

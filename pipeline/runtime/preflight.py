@@ -131,11 +131,11 @@ def check_output(spec: JobSpec, pipeline) -> bool:
     is empty or an mmpipe output unless ``sink.allow_foreign_files``
     (``generations.check_foreign``); no live job lease holds it (``job_lease.check_free``:
     ``OutputBusy`` names the holder); with
-    ``error-if-exists`` it is empty (``check_empty``); with ``resume`` the stored plan of
+    ``error-if-exists`` it is empty (``check_empty``); with ``resume`` or ``append`` the stored plan of
     its newest generation was made for this source spec and nothing there was committed
     under another fingerprint (``committed_markers``); ``overwrite`` writes a new
     generation, so any content is fine. Returns True when there is nothing to run
-    (``resume``, a stored plan, every planned partition committed under
+    (``resume``, never ``append``, which lists the input first; a stored plan, every planned partition committed under
     ``pipeline.fingerprint``). Raises ``PlanError``."""
     from pipeline.output import generations, job_lease
 
@@ -145,11 +145,12 @@ def check_output(spec: JobSpec, pipeline) -> bool:
     job_lease.check_free(spec.sink.uri)
     if mode == "error-if-exists":
         check_empty(spec.sink.uri)
-    elif mode == "resume":
+    elif mode in ("resume", "append"):
         root = generations.newest_root(spec.sink.uri)
         plan = planning.check_stored_plan(root, spec.source)
         done = committed_markers(root, pipeline)
-        return plan is not None and all(pid in done for pid in plan.partition_ids)
+        return mode == "resume" and plan is not None and all(
+            pid in done for pid in plan.partition_ids)
     return False
 
 

@@ -51,7 +51,7 @@ class Progress:
         self.interval_s = interval_s
         self.stream = stream if stream is not None else sys.stderr
         self.records = self.partitions = self.flight = 0
-        self.workers = ""
+        self.workers = self.wait = ""
         self.t0 = self.last = time.monotonic()
         self.bar: tqdm | None = None
         self._redirect = contextlib.ExitStack()
@@ -78,6 +78,18 @@ class Progress:
             self.flight = records
             if self.bar is not None:
                 self._show()
+
+    def waiting(self, line: str) -> None:
+        """Show ``line`` (``waiting for resources: needs {...}; the cluster has {...} free``)
+        on the progress line until called with ``""`` (the job was admitted)."""
+        changed = line != self.wait
+        self.wait = line
+        if self.bar is not None:
+            self.bar.set_postfix_str(self._partitions(), refresh=True)
+        elif changed and line:
+            self._line()
+        else:
+            self.tick()
 
     def _show(self) -> None:
         if self.bar is not None:
@@ -112,7 +124,8 @@ class Progress:
 
     def _partitions(self) -> str:
         flight = f"{self.flight} in flight, " if self.flight else ""
-        return f"{flight}{self.partitions}/{self.partitions_total} partitions"
+        wait = f"; {self.wait}" if self.wait else ""
+        return f"{flight}{self.partitions}/{self.partitions_total} partitions{wait}"
 
     def _line(self) -> None:
         self.last = time.monotonic()

@@ -22,7 +22,8 @@ from pipeline.output.job_lease import current_job_lease
 from pipeline.output.layout import OutputLayout
 from pipeline.output.layout import is_output
 from pipeline.output.plan import read_plan
-from pipeline.runtime.report import objects_phrase
+from pipeline.runtime.cost import format_cost
+from pipeline.runtime.report import format_listing, objects_phrase
 
 #: Exit codes of ``mmpipe status``: every planned partition committed (and the rows out
 #: equal the records planned); some partition failed (``_failures/``); not an mmpipe
@@ -42,7 +43,11 @@ def output_status(output_uri: str) -> dict[str, Any]:
     markers; None if neither says); ``fingerprint`` (of the committed partitions; None if
     none is committed, a comma-separated list if they disagree); ``complete``;
     ``inputs`` (the plan's totals: ``inputs``, ``rows`` planned, ``unread_by_extension``,
-    ...); ``rows_out``; ``partitions_planned``, ``partitions_committed``,
+    ..., ``extensions``: the plan's append records; ``not_planned`` and ``missing``: what the
+    run that wrote ``_SUCCESS`` for this plan found listing the input: objects not in the
+    plan, to add with ``--mode append``, and planned ones gone); ``rows_out``; ``inputs_read`` (records the committed partitions read) and
+    ``clips`` (their clip rows; ``video.clips`` makes several rows of one input);
+    ``partitions_planned``, ``partitions_committed``,
     ``partitions_failed`` (partition id -> last error), ``partitions_pending``;
     ``rows_by_status``; ``rows_by_flag`` (signal-filter flags, the markers' sum);
     ``dedup`` (``pipeline.dedup.store.summary``: the newest dedup
@@ -52,12 +57,15 @@ def output_status(output_uri: str) -> dict[str, Any]:
     ``generations`` all numbers present, ``readable_generation`` the newest complete one
     (what ``read_output``/``ls``/``export`` read; None if none is complete); ``runs``:
     committed partitions by the run id that committed them (``""``: not recorded);
-    ``writer``: the run that holds the output's job lease now (None if none);
+    ``writer``: the run that holds the output's job lease now (None if none; its
+    ``state``: ``waiting for resources: needs {...}; the cluster has {...} free`` while it
+    waits for admission, else "");
     ``calibrations``: the threshold calibrations under ``_calibration/``
     (``pipeline.calibration.list_calibrations``, each with ``stale``: measured on another
     generation than the one readers read); ``table``: the Delta table's version and
     whether it lists every committed partition (``output.table.state``; None if none);
-    ``problems``: files read past because they are damaged (``_SUCCESS``; a damaged
+    ``cost``: that run's CPU/GPU-seconds per stage and cost (``runtime.cost``; None if
+    not recorded); ``problems``: files read past because they are damaged (``_SUCCESS``; a damaged
     ``_failures/`` record shows as that partition's error). Raises
     ``NotAnOutput`` if there is no ``_plan/``, ``_checkpoints/`` or ``_generations/`` at
     ``output_uri``.
@@ -82,7 +90,11 @@ def output_status(output_uri: str) -> dict[str, Any]:
             rows[k] = rows.get(k, 0) + v
         flags.update(m.rows_by_flag)
     inputs = plan.totals() if plan else {}
+    last = success if plan and success.get("partitions_total") == total else {}  # this plan's
+    inputs.update({k: v for k, v in (last.get("inputs") or {}).items()
+                   if k in ("not_planned", "missing")})
     rows_out = sum(m.rows_in for m in markers.values())
+    inputs_read = sum(m.inputs for m in markers.values())
     planned_rows = inputs.get("rows")
     fingerprints = sorted({m.fingerprint for m in markers.values()})
     names = sorted({m.job for m in markers.values() if m.job})
@@ -91,9 +103,11 @@ def output_status(output_uri: str) -> dict[str, Any]:
         "job": success.get("job") or (", ".join(names) if names else None),
         "fingerprint": ", ".join(fingerprints) or success.get("fingerprint"),
         "complete": bool(plan) and not failures and len(markers) == total
-        and (planned_rows is None or planned_rows == rows_out),
+        and (planned_rows is None or planned_rows == inputs_read),
         "inputs": inputs,
         "rows_out": rows_out,
+        "inputs_read": inputs_read,
+        "clips": sum(m.clips for m in markers.values()),
         "partitions_planned": total,
         "partitions_committed": len(markers),
         "partitions_failed": {p: f.get("error", "") for p, f in sorted(failures.items())},
@@ -110,6 +124,7 @@ def output_status(output_uri: str) -> dict[str, Any]:
         "calibrations": _calibrations(output_uri, readable or (gens[-1] if gens else None),
                                       problems),
         "table": _table(output_uri, problems),
+        "cost": last.get("cost"),
         "problems": problems,
     }
 
@@ -142,7 +157,7 @@ def _writer(output_uri: str) -> dict[str, Any] | None:
     if record is None or not record.live():
         return None
     return {"run_id": record.run_id, "job": record.job, "host": record.host,
-            "pid": record.pid, "holder": record.describe()}
+            "pid": record.pid, "holder": record.describe(), "state": record.state}
 
 
 def _read_json(uri: str, problems: list[str]) -> dict[str, Any]:
@@ -186,7 +201,9 @@ def format_status(status: dict[str, Any]) -> str:
         f"  partitions: {s['partitions_planned']} planned, {s['partitions_committed']} "
         f"committed, {len(s['partitions_failed'])} failed, {s['partitions_pending']} pending",
         f"  input: {objects_phrase(inputs.get('inputs', 0))}, {'?' if planned is None else planned} "
-        f"records planned, {s['rows_out']} rows out",
+        f"records planned, "
+        + (f"{s['inputs_read']} read, {s['clips']} clips, " if s.get("clips") else "")
+        + f"{s['rows_out']} rows out",
         "  rows: " + " ".join(f"{k}={by_status.get(k, 0)}" for k in ("ok", "rejected", "error")),
     ]
     if s.get("rows_by_flag"):
@@ -197,6 +214,9 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append("  not read (unlisted extension or container, unpaired sidecar, not a file): "
                      + ", ".join(f"{ext or '(none)'}={n}" for ext, n in sorted(unread.items())))
     lines += [f"  warning: {w}" for w in inputs.get("warnings", [])]
+    lines += format_listing(inputs)
+    if s.get("cost"):
+        lines.append(format_cost(s["cost"]) + " (the run that wrote _SUCCESS)")
     lines += [f"  FAILED {pid}: {err}" for pid, err in s["partitions_failed"].items()]
     lines += [f"  warning: {p}" for p in s.get("problems") or []]
     d = s.get("dedup")
@@ -219,6 +239,8 @@ def format_status(status: dict[str, Any]) -> str:
                                             for r, n in runs.items()))
     if s.get("writer"):
         lines.append(f"  running now: {s['writer']['holder']}")
+        if s["writer"].get("state"):
+            lines.append(f"  {s['writer']['state']}")
     t = s.get("table")
     if t:
         lines.append(f"  Delta table: version {t['version']}, {t['partitions']} of "

@@ -63,10 +63,12 @@ class PartitionWorker:
             threads.step_threads(self.spec.runtime.decode_threads, cpus),
             thread_name_prefix="step")
         models = {}
+        self.model_clients: dict = {}   # section -> its bare ModelClient (set_replicas)
         if model_pools:   # Ray actors: model_pool imports Ray, which worker processes skip
             from pipeline.runtime.model_pool import worker_models
 
-            models = worker_models(model_pools, index, wrap=self.metrics.count_model_calls)
+            models = worker_models(model_pools, index, wrap=self.metrics.count_model_calls,
+                                   clients=self.model_clients)
         elif own_models:  # a worker process: its own copy of each model, on this CPU
             from pipeline.models.local import local_models
 
@@ -143,6 +145,13 @@ class PartitionWorker:
         return [server_stats(server, f"PartitionWorker-{self.index}/{section}", section,
                              load_s, started)
                 for section, server in getattr(self, "own_models", {}).items()]
+
+    def set_replicas(self, section: str, actors: list) -> int:
+        """Send this worker's ``section`` batches to the ModelActor handles ``actors`` from
+        now on (the driver's ``pool_scaler`` grew or shrank the pool; on Ray called from the
+        ``status`` concurrency group while ``run`` works); returns how many there are."""
+        self.model_clients[section].replace(actors)
+        return len(actors)
 
     def ping(self) -> bool:
         return True

@@ -125,8 +125,8 @@ class FilterStep(Filter):
         self.spec = spec
 
     def settings(self):
-        # the signal filters are steps of their own (steps/signal_filter.py)
-        return self.spec.model_dump(mode="json", exclude={"signals", "score_only"})
+        # the signal and clip filters are steps of their own (signal_filter, clip_signals)
+        return self.spec.model_dump(mode="json", exclude={"signals", "score_only", "clips"})
 
     def reject_reason(self, batch, i):
         w, h = batch[WIDTH][i], batch[HEIGHT][i]

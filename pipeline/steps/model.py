@@ -16,7 +16,11 @@ an embedding model gets every frame (the caption repeated per frame) and the row
 mean-pooled, L2-normalised ``image_embedding`` (the clip embedding), the per-frame vectors
 in ``frame_embeddings`` and the mean of the per-frame scalar outputs (``clip_score``,
 the heads' and zero-shot scores); a
-captioner or an image classifier (no vector output) gets the middle sampled frame.
+captioner or an image classifier (no vector output) gets the middle sampled frame. A model
+whose ``ModelInfo.frames`` is F > 1 (a multi-frame VLM captioner, an X-CLIP video
+embedding) gets a window of F frames per row instead (``frame_window``) and returns the
+row's value itself. A clip row is a video row whose frames come from its span: the same
+code serves it.
 
 Per batch, the worker submits the stage's steps (whole columns: a (n, H, W, 3) uint8
 array, a list of captions) and moves on to the next batch; at most ``max_in_flight``
@@ -49,8 +53,17 @@ if TYPE_CHECKING:  # steps do not import models at run time (import direction)
 
 
 #: Section fields that add output columns when set and change nothing when empty
-#: (``image_embedding.heads``, ``.zero_shot``): left out of ``settings()`` while empty.
-UNSET_WHEN_EMPTY = frozenset({"heads", "zero_shot"})
+#: (``image_embedding.heads``, ``.zero_shot``; ``captioning.frames`` unset is one frame, as
+#: before the field existed): left out of ``settings()`` while empty.
+UNSET_WHEN_EMPTY = frozenset({"heads", "zero_shot", "frames"})
+
+
+def frame_window(frames: np.ndarray, count: int) -> np.ndarray:
+    """``count`` frames spread evenly over an (F, H, W, 3) stack, first and last included
+    (indices ``round(linspace(0, F - 1, count))``; frames repeat when F < count):
+    (count, H, W, 3), same dtype."""
+    index = np.linspace(0, len(frames) - 1, count).round().astype(int)
+    return frames[index]
 
 
 def section_writes(section: str, section_spec: Any, video: bool) -> tuple[str, ...]:
@@ -59,7 +72,8 @@ def section_writes(section: str, section_spec: Any, video: bool) -> tuple[str, .
         return (TEXT_EMBEDDING,)
     if section == "image_embedding":
         return ((IMAGE_EMBEDDING,) + ((CLIP_SCORE,) if section_spec.score else ())
-                + ((FRAME_EMBEDDINGS,) if video else ()) + section_spec.quality_columns)
+                + ((FRAME_EMBEDDINGS,) if video and section_spec.backend != "xclip" else ())
+                + section_spec.quality_columns)
     if section == "image_classification":
         return (section_spec.column,)
     return (GENERATED_CAPTION,)
@@ -119,7 +133,7 @@ class ModelStep(Step):
         Sets ``per_frame`` (video embeddings: every frame goes to the model, not just the
         middle one) and ``kinds``: (column, kind) per output column, kinds as
         ``OutputField``'s, ``vectors`` for the per-frame embeddings."""
-        per_frame = self.video and info.image is not None and any(
+        per_frame = self.video and info.image is not None and info.frames == 1 and any(
             f.kind == "vector" for f in info.outputs)
         kinds = [(f.name, f.kind) for f in info.outputs]
         kinds += [(FRAME_EMBEDDINGS, "vectors")] if per_frame else []
@@ -161,7 +175,8 @@ class ModelStep(Step):
 
     def inputs(self, batch: Batch, rows: list[int]) -> dict[str, Any]:
         """The model's inputs for ``rows``: ``pixels`` (n, H, W, 3) uint8 (a list of n
-        entries with ``media_entries``), ``text``."""
+        entries with ``media_entries``; (n, F, H, W, 3) for video rows to a model of
+        ``info.frames`` F > 1), ``text``."""
         out: dict[str, Any] = {}
         counts = self._counts(batch, rows)
         if self.info.image is not None:
@@ -170,6 +185,8 @@ class ModelStep(Step):
                 out["pixels"] = [col[i] for i in rows]
             elif self.per_frame:
                 out["pixels"] = np.concatenate([col[i] for i in rows])
+            elif self.video and self.info.frames > 1:
+                out["pixels"] = np.stack([frame_window(col[i], self.info.frames) for i in rows])
             elif self.video:
                 out["pixels"] = np.stack([col[i][len(col[i]) // 2] for i in rows])
             else:

@@ -78,6 +78,8 @@ from __future__ import annotations
 import io
 
 from pipeline.columns import (
+    CLIP_END_S,
+    CLIP_START_S,
     DECODE_ERRORS,
     DECODE_FLAGS,
     DURATION_S,
@@ -141,6 +143,8 @@ class VideoDecodeStep(RowStep):
     def __init__(self, spec: VideoSpec, frame_budget_bytes: int | None = None):
         self.spec = spec
         self.frame_budget_bytes = frame_budget_bytes
+        if spec.clips.enabled:   # clip rows: frames of the clip span, sha256 by ClipEncodeStep
+            self.reads = (SOURCE_PATH, CLIP_START_S, CLIP_END_S)
 
     def setup(self) -> None:
         """Import PyAV (FFmpeg) now, once: without it a video job fails at assembly, not
@@ -148,7 +152,8 @@ class VideoDecodeStep(RowStep):
         av_module()
 
     def settings(self):
-        return {**self.spec.model_dump(mode="json", exclude={"temp_dir"}),  # where, not what
+        # temp_dir: where, not what; clips: ClipSplitStep's and ClipEncodeStep's settings
+        return {**self.spec.model_dump(mode="json", exclude={"temp_dir", "clips"}),
                 "frame_budget_bytes": self.frame_budget_bytes}
 
     def decoded_bytes(self, batch, i):
@@ -161,13 +166,17 @@ class VideoDecodeStep(RowStep):
         path = batch[SOURCE_PATH][i]
         if not path:
             raise RecordError(ErrorReason.READ_FAILED.value, "no local video file")
-        info = decode_video(path, self.spec, frame_budget_bytes=self.frame_budget_bytes)
+        clip = self.spec.clips.enabled
+        window = ({"start_s": batch[CLIP_START_S][i], "end_s": batch[CLIP_END_S][i]}
+                  if clip else {})
+        info = decode_video(path, self.spec, frame_budget_bytes=self.frame_budget_bytes,
+                            **window)
         phash, low = near_hash(info.frames)
         return {FRAMES: info.frames, WIDTH: info.width, HEIGHT: info.height, MIME: info.mime,
                 FORMAT: info.container, DURATION_S: info.duration_s, FPS: info.fps,
                 FRAME_COUNT: info.frame_count, FRAME_TIMESTAMPS_S: info.timestamps_s,
                 PARTIAL: info.partial, ROTATION_DEG: info.rotation_deg,
-                VIDEO_CODEC: info.codec, SHA256: file_sha256(path),
+                VIDEO_CODEC: info.codec, SHA256: None if clip else file_sha256(path),
                 PHASH: phash, LOW_DETAIL: low, DECODE_FLAGS: list(info.flags),
                 DECODE_ERRORS: info.decode_errors}
 

@@ -13,6 +13,13 @@
   size, for the LAION heads)
 * ``tiny-convnext`` ``ConvNextForImageClassification`` + ``ConvNextImageProcessor``
   (labels ``clear``/``watermark``; 224 px: shorter side 256, centre crop)
+* ``tiny-qwen2-vl`` ``Qwen2VLForConditionalGeneration`` + ``Qwen2VLProcessor`` (byte-level
+  BPE with Qwen2-VL's special tokens and a Qwen-style chat template; dynamic resolution,
+  patch 14, merge 2, at most 112x112 px per image): multi-frame captioning
+  (``captioning.frames``, several images in one chat turn)
+* ``tiny-xclip``  ``XCLIPModel`` + ``XCLIPProcessor`` (VideoMAE image processor, 224 px
+  shorter side + centre crop; CLIP tokenizer; ``num_frames`` 4): the ``xclip`` video
+  embedding
 * ``tiny-heads``  random weights of the two LAION heads of ``models.heads`` at their real
   size (768 inputs): ``aesthetic.safetensors`` (improved-aesthetic-predictor MLP) and
   ``nsfw.safetensors`` (CLIP-based NSFW detector), for ``tiny-clip-768``
@@ -42,7 +49,7 @@ REPO = Path(__file__).resolve().parents[2]
 CAPTIONS = REPO / "data" / "photos" / "captions.jsonl"
 SEED = 0
 NAMES = ("tiny-clip", "tiny-siglip", "tiny-blip", "tiny-llava", "tiny-convnext", "tiny-clip-768",
-         "tiny-heads")
+         "tiny-heads", "tiny-qwen2-vl", "tiny-xclip")
 
 
 def _captions() -> list[str]:
@@ -159,6 +166,76 @@ def build_llava(path: Path, full_size: bool = False) -> Path:
     return _save(path, LlavaForConditionalGeneration(config), processor)
 
 
+QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+QWEN_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                 "{% for c in m['content'] %}{% if c['type'] == 'image' %}"
+                 "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}"
+                 "{% endfor %}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def build_qwen2_vl(path: Path, full_size: bool = False) -> Path:
+    """A tiny Qwen2-VL (ViT with 2x2 patch merger + Qwen2 decoder with M-RoPE); images of
+    at most 112x112 px (16 patches of 14 px, 4 tokens after merging) keep CPU runs
+    short. ``full_size`` is not offered (a 2B decoder is not a test model)."""
+    from transformers import (Qwen2Tokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+                              Qwen2VLImageProcessorPil, Qwen2VLProcessor)
+
+    from pipeline.models.processors import processor_without_video
+
+    tok = Qwen2Tokenizer().train_new_from_iterator(_captions(), vocab_size=600,
+                                                   show_progress=False,
+                                                   new_special_tokens=list(QWEN_SPECIAL))
+    ids = dict(zip(QWEN_SPECIAL, tok.convert_tokens_to_ids(list(QWEN_SPECIAL))))
+    text = _text(False, len(tok), num_key_value_heads=2, max_position_embeddings=4096,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                  "mrope_section": [2, 3, 3]},  # head_dim 16: 8 pairs
+                 bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                 pad_token_id=ids["<|endoftext|>"])
+    vision = {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2,
+              "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+              "initializer_range": 0.5}
+    config = Qwen2VLConfig(text_config=text, vision_config=vision,
+                           image_token_id=ids["<|image_pad|>"],
+                           video_token_id=ids["<|video_pad|>"],
+                           vision_start_token_id=ids["<|vision_start|>"],
+                           vision_end_token_id=ids["<|vision_end|>"])
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=112 * 112,
+                                               patch_size=14, merge_size=2,
+                                               temporal_patch_size=2)
+    processor_without_video(Qwen2VLProcessor)(  # the parts fit together
+        image_processor=image_processor, tokenizer=tok, video_processor=None,
+        chat_template=QWEN_TEMPLATE)
+    # saved part by part: a processor without its video processor cannot save itself
+    _save(path, Qwen2VLForConditionalGeneration(config), image_processor)
+    tok.save_pretrained(path)
+    (path / "chat_template.jinja").write_text(QWEN_TEMPLATE)
+    (path / "processor_config.json").write_text(
+        json.dumps({"processor_class": "Qwen2VLProcessor"}, indent=2) + "\n")
+    return path
+
+
+def build_xclip(path: Path, full_size: bool = False) -> Path:
+    """X-CLIP base layout (224 px, patch 32, 8 frames when ``full_size``; tiny towers and
+    4 frames otherwise) with a VideoMAE image processor and a CLIP tokenizer."""
+    from transformers import VideoMAEImageProcessorPil, XCLIPConfig, XCLIPModel, XCLIPProcessor
+
+    tok = _clip_tokenizer(1000)
+    vision = _vision(full_size, 224, 32)
+    text = _text(full_size, len(tok), max_position_embeddings=77, bos_token_id=tok.bos_token_id,
+                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    dim = 512 if full_size else 32
+    if not full_size:
+        vision.update(num_frames=4, mit_hidden_size=dim, mit_intermediate_size=64,
+                      mit_num_attention_heads=2)
+    config = XCLIPConfig(text_config=text, vision_config=vision, projection_dim=dim,
+                         prompt_num_attention_heads=2 if not full_size else 8)
+    image_processor = VideoMAEImageProcessorPil(size={"shortest_edge": 224},
+                                                crop_size={"height": 224, "width": 224})
+    return _save(path, XCLIPModel(config), XCLIPProcessor(image_processor, tok))
+
+
 def build_convnext(path: Path, full_size: bool = False) -> Path:
     """A two-label image classifier (``clear``, ``watermark``): ConvNeXt-T layout and the
     facebook/convnext-tiny-224 image processor (224 px, crop_pct 0.875, ImageNet mean/std),
@@ -195,7 +272,8 @@ def build_heads(path: Path, full_size: bool = False) -> Path:
 
 BUILDERS = {"tiny-clip": build_clip, "tiny-siglip": build_siglip, "tiny-blip": build_blip,
             "tiny-llava": build_llava, "tiny-convnext": build_convnext,
-            "tiny-clip-768": build_clip_768, "tiny-heads": build_heads}
+            "tiny-clip-768": build_clip_768, "tiny-heads": build_heads,
+            "tiny-qwen2-vl": build_qwen2_vl, "tiny-xclip": build_xclip}
 
 
 def _save(path: Path, model, processor) -> Path:

@@ -103,7 +103,7 @@ def test_manifest_missing_media_is_a_row_error(tmp_path):
     src = make_datasource(spec, DecodeSpec())
     part = next(planning.pack(src.list_inputs(), spec.partition_size))
     batch = next(src.read_partition(part, 10, POOL))
-    assert read_errors(batch)[0].startswith("read_failed:") and "missing.jpg" in read_errors(batch)[0]
+    assert read_errors(batch)[0].startswith("input_missing:") and "missing.jpg" in read_errors(batch)[0]
     assert read_errors(batch)[1].startswith("read_failed:")
 
 

@@ -151,7 +151,8 @@ def test_not_a_tar_and_missing_shard_are_read_failed_rows(tmp_path):
     assert str(rows[0].error).startswith(f"read_failed: {shard}: not a readable uncompressed tar")
     missing = tmp_path / "nope.tar"
     assert list(read_shard(str(missing))) == [ShardSample(
-        "nope#shard", str(missing), {}, RowError(ErrorReason.READ_FAILED, f"{missing}: shard not found"))]
+        "nope#shard", str(missing), {}, RowError(ErrorReason.INPUT_MISSING,
+                                                 f"{missing}: shard not found (planned, no longer there)"))]
 
 
 def test_duplicate_member_is_one_bad_sample_row(tmp_path):
@@ -292,7 +293,7 @@ def test_s3_write_then_read_shards(s3_server, s3_env, tmp_path):
     assert rows[-1].key == "cut#shard" and str(rows[-1].error).startswith(f"truncated_shard: {bad}")
     missing = fs.join(root, "missing.tar")
     assert [_text(r.error) for r in read_shard(missing)] == [
-        f"read_failed: {missing}: shard not found"]
+        f"input_missing: {missing}: shard not found (planned, no longer there)"]
 
     writer.abort()
     assert list(fs.list_files(fs.join(root, "wds/p-000000/a-s3att"))) == []

@@ -1,8 +1,9 @@
 """The WebDataset datasink: each ``ok`` row as a sample in ``.tar`` shards.
 
 Members per sample: ``<key>.jpg`` (or ``.webp``: the resized ``image``; video: also
-``<key>.<n>.jpg`` per sampled frame), ``<key>.json`` (every scalar output column, the
-original key included) and ``<key>.txt`` (the caption, if the row has one). Shards go to
+``<key>.<n>.jpg`` per sampled frame; video clips: ``<key>.mp4``, the clip file),
+``<key>.json`` (every scalar output column, the original key included) and
+``<key>.txt`` (the caption, if the row has one). Shards go to
 ``wds/<pid>/a-<attempt>/<pid>-000000.tar`` (``WebDatasetWriter``, rolled by bytes and
 samples) and are named by the commit marker like every other output file.
 
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.columns import CAPTION, FRAMES_ENCODED, IMAGE, KEY, STATUS, Batch
+from pipeline.columns import CAPTION, CLIP_FILE, FRAMES_ENCODED, IMAGE, KEY, STATUS, Batch
 from pipeline.output.sinks.base import FileDatasink
 from pipeline.storage.tar import BLOCK, ENCODING, ERRORS, FORMAT, RECORD, padded
 from pipeline.records import Status
@@ -96,6 +97,10 @@ class WebDatasetDatasink(FileDatasink):
         frames = batch.get(FRAMES_ENCODED)
         for n, frame in enumerate(frames[i] if frames is not None and frames[i] else []):
             members[f"{n}.{self.image_ext}"] = frame
+        clip = batch.get(CLIP_FILE)
+        if clip is not None and clip[i]:
+            with open(clip[i], "rb") as f:   # video.clips: the clip file, as `<key>.mp4`
+                members["mp4"] = f.read()
         meta = {}
         for name in self.json_columns:
             column = batch.get(name)

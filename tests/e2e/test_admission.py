@@ -1,0 +1,225 @@
+"""Jobs sharing one Ray cluster are admitted whole (issue 27, items 1 and 3).
+
+One head with 2 CPUs (``ray start --head --node-ip-address=127.0.0.1 --num-cpus=2``). The
+quickstart's minimum is its text-embedding ModelActor (1 CPU) and one PartitionWorker
+(1 CPU): the whole head. Two ``mmpipe run --address <head>`` started together used to place
+one ModelActor each and then wait for ever for a worker CPU; admitted as one placement
+group each, one runs while the other waits holding nothing, then the other runs. A job
+whose minimum no node offers fails after ``runtime.resource_wait_s`` naming the request,
+and its pending group holds no CPU meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+from tests.deploy.local_head import start_head
+
+PROBE = """
+import json, sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+groups = [{"name": g["name"], "state": g["state"]}
+          for g in ray.util.placement_group_table().values()]
+print(json.dumps({"groups": groups, "free_cpu": ray.available_resources().get("CPU", 0.0)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    h = start_head(tmp_path_factory.mktemp("admission-head"), num_cpus=2)
+    yield h
+    h.stop()
+
+
+def _run(head, out, report, log, *sets: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml",
+           "--address", head.gcs_address, "--output", str(out), "--report-json", str(report)]
+    for s in sets:
+        cmd += ["--set", s]
+    return subprocess.Popen(cmd, cwd=REPO, env=head.client_env(), stdout=log,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _probe(head) -> dict:
+    done = subprocess.run([sys.executable, "-c", PROBE, head.gcs_address], cwd=REPO,
+                          env=head.client_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _waiting_status(tmp_path, names, procs) -> tuple[str, str] | None:
+    """``(job, mmpipe status output)`` for the first output whose status says its job
+    waits for resources (polled while the jobs run), or None."""
+    while all(p.poll() is None for p in procs.values()):
+        for n in names:
+            done = subprocess.run([sys.executable, "-m", "pipeline", "status",
+                                   str(tmp_path / f"out-{n}")], cwd=REPO, capture_output=True,
+                                  text=True, timeout=60)
+            if "waiting for resources" in done.stdout:
+                return n, done.stdout
+        time.sleep(0.5)
+    return None
+
+
+def _stamp(text: str, pattern: str) -> str:
+    """The clock time (HH:MM:SS) of the first log line matching ``pattern``."""
+    for line in text.splitlines():
+        if re.search(pattern, line):
+            m = re.search(r"\d\d:\d\d:\d\d", line)
+            return m.group(0) if m else "?"
+    return "-"
+
+
+def test_two_jobs_on_a_two_cpu_head_both_complete_one_after_waiting(head, tmp_path):
+    names = ("a", "b")
+    reports = {n: tmp_path / f"{n}.json" for n in names}
+    logs = {n: open(tmp_path / f"{n}.log", "w+") for n in names}
+    procs = {n: _run(head, tmp_path / f"out-{n}", reports[n], logs[n], f"name=gang{n}")
+             for n in names}
+    status = _waiting_status(tmp_path, names, procs)
+    texts = {}
+    for n in names:
+        procs[n].wait(timeout=400)
+        logs[n].seek(0)
+        texts[n] = logs[n].read()
+        logs[n].close()
+    for n in names:
+        assert procs[n].returncode == 0, texts[n][-4000:]
+    done = {n: json.loads(reports[n].read_text()) for n in names}
+    for d in done.values():
+        assert d["complete"] and d["rows_out"] == 57
+        assert [p["stage"] for p in d["model_pools"]] == ["text_embedding"]
+    # one was admitted at once (a placement of well under a second), the other waited
+    second = max(names, key=lambda n: done[n]["admission_wait_s"])
+    (first,) = set(names) - {second}
+    waits = {n: done[n]["admission_wait_s"] for n in names}
+    assert waits[first] < 2 and waits[second] >= 5, waits
+    # `mmpipe status` of the waiting job's output said so while it waited
+    assert status is not None and status[0] == second, status
+    assert re.search(r"running now: host .*, run [0-9a-f]{8}, job 'gang.'.*\n  waiting for "
+                     r"resources: needs \{'CPU': 2\.0\}; the cluster has \{'CPU': 0\.0\} "
+                     r"free", status[1]), status[1]
+    text = texts[second]
+    assert re.search(r"waiting for resources: needs \{'CPU': 2\.0\}; the cluster has "
+                     r"\{.*'CPU': 0\.0.*\} free", text), text[-3000:]
+    assert re.search(r"admitted after waiting \d+\.\d s for resources", text), text[-3000:]
+    assert "waited" in text and f"{done[second]['admission_wait_s']:.1f}s for resources" in text
+    # the second's wait covers the first's run: it started only once the first let go
+    assert done[second]["admission_wait_s"] >= 0.5 * done[first]["wall_s"] - 10
+    print("timeline:", {n: {"admitted": _stamp(texts[n], r"admitted"),
+                            "waiting": _stamp(texts[n], r"waiting for resources"),
+                            "finished": _stamp(texts[n], r"progress: 57/57 records"),
+                            "admission_wait_s": done[n]["admission_wait_s"],
+                            "wall_s": round(done[n]["wall_s"], 1)} for n in names})
+    assert _probe(head)["groups"] and all(g["state"] == "REMOVED"
+                                          for g in _probe(head)["groups"])
+
+
+def test_a_minimum_no_node_offers_fails_naming_it_and_holds_nothing(head, tmp_path):
+    log = open(tmp_path / "big.log", "w+")
+    t0 = time.time()
+    proc = _run(head, tmp_path / "out", tmp_path / "r.json", log, "name=toobig",
+                "text_embedding.num_cpus=3", "runtime.resource_wait_s=8")
+    try:
+        seen = None
+        while proc.poll() is None and time.time() - t0 < 120:
+            state = _probe(head)
+            pending = [g for g in state["groups"] if g["state"] == "PENDING"
+                       and g["name"].startswith("mmpipe-toobig-")]
+            if pending:
+                seen = state
+                break
+            time.sleep(0.5)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.seek(0)
+        text = log.read()
+        log.close()
+    assert seen is not None, text[-3000:]
+    assert seen["free_cpu"] == 2.0      # the pending group holds nothing
+    assert proc.returncode != 0, text[-3000:]
+    assert ("no node offers {'CPU': 3.0} for ModelActor-text_embedding-0 after 8 s; the "
+            "cluster has {'CPU': 2.0") in text, text[-3000:]
+    assert "waiting for resources: needs {'CPU': 4.0}" in text, text[-3000:]
+    groups = [g for g in _probe(head)["groups"] if g["name"].startswith("mmpipe-toobig-")]
+    assert groups and {g["state"] for g in groups} == {"REMOVED"}
+
+
+@pytest.fixture(scope="module")
+def wide_head(tmp_path_factory):
+    """A head with 6 logical CPUs: both quickstarts' minimums (2 CPUs each) and 2 to grow."""
+    h = start_head(tmp_path_factory.mktemp("fair-head"), num_cpus=6)
+    yield h
+    h.stop()
+
+
+def _markers(out) -> list[tuple[float, float]]:
+    """``(started_at, finished_at)`` of each commit marker under ``out`` (epoch seconds)."""
+    return [(m["started_at"], m["finished_at"]) for m in
+            (json.loads(p.read_text()) for p in sorted((out / "_checkpoints").glob("p-*.json")))]
+
+
+def _stamps(text: str, pattern: str) -> list[float]:
+    """Seconds since midnight of each log line matching ``pattern``."""
+    out = []
+    for line in text.splitlines():
+        m = re.search(r"(\d\d):(\d\d):(\d\d),(\d\d\d)", line)
+        if m and re.search(pattern, line):
+            h, mi, s, ms = map(int, m.groups())
+            out.append(h * 3600 + mi * 60 + s + ms / 1000)
+    return out
+
+
+def test_two_equal_jobs_share_a_cluster_within_2x(wide_head, tmp_path):
+    """Two quickstarts cut into 29 partitions each, started together on 6 CPUs: each job's
+    partitions/s over the time both ran is within 2x of the other's, and no job grew
+    (started more PartitionWorkers) while the other waited for its minimum."""
+    names = ("a", "b")
+    reports = {n: tmp_path / f"{n}.json" for n in names}
+    logs = {n: open(tmp_path / f"{n}.log", "w+") for n in names}
+    procs = {n: _run(wide_head, tmp_path / f"out-{n}", reports[n], logs[n], f"name=fair{n}",
+                     "source.partition_size=2") for n in names}
+    texts = {}
+    for n in names:
+        procs[n].wait(timeout=300)
+        logs[n].seek(0)
+        texts[n] = logs[n].read()
+        logs[n].close()
+    for n in names:
+        assert procs[n].returncode == 0, texts[n][-4000:]
+    done = {n: json.loads(reports[n].read_text()) for n in names}
+    for d in done.values():
+        assert d["complete"] and d["rows_out"] == 57 and d["partitions_total"] == 29
+    marks = {n: _markers(tmp_path / f"out-{n}") for n in names}
+    assert all(len(m) == 29 for m in marks.values()), marks
+    # the window both ran: from the later first attempt to the earlier last commit
+    t0 = max(min(s for s, _ in m) for m in marks.values())
+    t1 = min(max(f for _, f in m) for m in marks.values())
+    assert t1 - t0 > 5, (t0, t1, marks)
+    rate = {n: sum(t0 <= f <= t1 for _, f in marks[n]) / (t1 - t0) for n in names}
+    timeline = {n: {"admission_wait_s": done[n]["admission_wait_s"],
+                    "first_attempt_s": round(min(s for s, _ in marks[n]) - t0, 1),
+                    "commits_s": sorted(round(f - t0, 1) for _, f in marks[n]),
+                    "grew": len(_stamps(texts[n], r"starting \d+ more partition worker")),
+                    "partitions_per_s": round(rate[n], 3), "wall_s": round(done[n]["wall_s"], 1)}
+                for n in names}
+    print("fair-share timeline:", json.dumps(timeline))
+    assert min(rate.values()) > 0 and max(rate.values()) <= 2 * min(rate.values()), timeline
+    # no growth while the other job waited for its minimum
+    for n, other in (names, names[::-1]):
+        waits = _stamps(texts[other], r"waiting for resources")
+        admitted = _stamps(texts[other], r"admitted after waiting")
+        if waits:
+            assert admitted, texts[other][-3000:]
+            grew = [t for t in _stamps(texts[n], r"starting \d+ more partition worker")
+                    if waits[0] <= t <= admitted[0]]
+            assert not grew, (n, grew, timeline)
