@@ -235,11 +235,16 @@ def _cpu_steps(spec: JobSpec, geometries: list, signals: SignalFilters | None = 
     added += user
     inputs = [ModelInputStep(geometries)] if takes_images else []
     if spec.source.media == "video":
+        clip = (ClipEncodeStep(spec.video.clips, spec.video.temp_dir,
+                               spec.video.allow_playlists)
+                if spec.video.clips.writes_files else None)
+        one_pass = clip is not None and clip.one_pass   # libx264: encoded while decoded
         head: list[Step] = [CaptionStep(spec.captions),
-                            VideoDecodeStep(spec.video, spec.runtime.max_batch_bytes)]
-        if spec.video.clips.writes_files:
-            head.append(ClipEncodeStep(spec.video.clips, spec.video.temp_dir,
-                                       spec.video.allow_playlists))
+                            VideoDecodeStep(spec.video, spec.runtime.max_batch_bytes,
+                                            spec.decode if spec.source.holds_images
+                                            else None, clip if one_pass else None)]
+        if clip is not None and not one_pass:
+            head.append(clip)
         head += [FilterStep(spec.filters), DedupStep(spec.dedup)] + added
         return (head + _cpu_signal_filter(signals, source_writes, head) + inputs
                 + [VideoFramesStep(spec.resize)])
@@ -373,7 +378,8 @@ def _splitter(spec: JobSpec) -> ClipSplitStep | None:
     """``video.clips`` on a video job: the step that fans video rows out into clip rows."""
     if spec.source.media != "video" or not spec.video.clips.enabled:
         return None
-    return ClipSplitStep(spec.video.clips, spec.video.allow_playlists, spec.runtime.batch_size)
+    return ClipSplitStep(spec.video.clips, spec.video.allow_playlists, spec.runtime.batch_size,
+                         spec.source.holds_images)
 
 
 def _check_declared(pipeline: Pipeline) -> None:

@@ -166,7 +166,10 @@ class SourceSpec(_Strict):
         "**with)` (the spec sections a built-in datasource gets).")
     media: Literal["image", "video"] = Field(
         "image", description="What the media are: `image` (decode, resize, pHash) or `video` "
-        "(PyAV decode, frames sampled by presentation timestamp; see the `video` section).")
+        "(PyAV decode, frames sampled by presentation timestamp; see the `video` section). "
+        "A `video` job whose `extensions` also list image extensions (`.jpg`, `.png`, ...) "
+        "holds images too: each still image is a one-frame row, so `mmpipe dedup` with "
+        "`dedup.dataset.frames` finds an image that is a frame of a video.")
     uri: str = Field(description="Directory prefix of the media (files), a manifest file or a "
                      "prefix of manifests (manifest), a shard file or a prefix of shards "
                      "(webdataset): a local path (relative to the working directory) or "
@@ -266,6 +269,13 @@ class SourceSpec(_Strict):
         if self.extensions is not None:
             return self.extensions
         return VIDEO_EXTENSIONS if self.media == "video" else image_extensions()
+
+    @property
+    def holds_images(self) -> bool:
+        """Whether a `video` job also reads still images: its `extensions` list one of
+        `image_extensions()` (each image becomes a one-frame row, `steps.video`)."""
+        return self.media == "video" and bool(set(self.media_extensions)
+                                              & set(image_extensions()))
 
 
 class StorageSpec(_Strict):

@@ -6,6 +6,8 @@ clip datasink uploads the file). The source is opened the confined way
 frame upright by its display matrix as ``decode_video`` does (frames as a player shows
 them), optionally downscales and resamples the frame rate, and encodes yuv420p. ``copy``
 remuxes the packets without decoding: from the key frame at or before the span's start.
+``ClipEncoder`` is the re-encoder fed frame by frame, so a caller that decodes the span
+anyway (``VideoDecodeStep`` sampling a clip's frames) encodes it in the same pass.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def encode_clip(path: str, span: ClipSpan, out_path: str, *, codec: str = "libx2
     (packets decoded before the end, so a stream with B-frames may run a few reordered
     frames past it), unchanged; ``max_size_px``, ``fps``, ``crf``, ``bitrate`` do not
     apply. Returns the ``ClipFile`` measured from ``out_path``. Raises ``ValueError``
-    naming a bad argument and ``RecordError`` (``corrupt_container``,
+    naming a bad argument and ``RecordError`` (``libx264``: ``out_path`` removed) (``corrupt_container``,
     ``no_video_stream``, ``no_frames``: nothing in the span, ``unsupported_format``: a
     playlist, or ``copy`` of a codec MP4 cannot hold, e.g. VP8).
     """
@@ -106,21 +108,37 @@ def encode_clip(path: str, span: ClipSpan, out_path: str, *, codec: str = "libx2
             n = _remux(opened.container, stream, span, out_path)
         finally:
             opened.close()
-    else:
-        limits = _Limits.of(VideoSpec())
+        if n == 0:
+            if os.path.exists(out_path):
+                os.remove(out_path)
+            raise _no_frames(span, path)
+        return probe_clip(out_path, codec)
+    encoder = ClipEncoder(out_path, span, crf=crf, bitrate=bitrate, max_size_px=max_size_px,
+                          fps=fps, threads=threads)
+    limits = _Limits.of(VideoSpec())
+    lo, hi = span.start_s - WINDOW_EPS_S, span.end_s - WINDOW_EPS_S
+    try:
         dec = _Decoder(path, 10_000_000, limits.max_decode_s, limits, allow_playlists,
                        span.start_s)
         try:
-            n = _Transcoder(out_path, dec.stream, span,
-                            _Encoding(crf, bitrate, max_size_px, fps, threads)).run(dec)
+            encoder.start(dec.stream)
+            for frame, t in dec.frames():
+                if t < lo:
+                    continue
+                if t >= hi:
+                    break
+                encoder.feed(frame, t)
         finally:
             dec.close()
-    if n == 0:
-        if os.path.exists(out_path):
-            os.remove(out_path)
-        raise RecordError(ErrorReason.NO_FRAMES.value,
-                          f"no frame of {path} in [{span.start_s}, {span.end_s}) s")
-    return probe_clip(out_path, codec)
+        return encoder.finish()
+    except BaseException:
+        encoder.discard()
+        raise
+
+
+def _no_frames(span: ClipSpan, source: str = "the source") -> RecordError:
+    return RecordError(ErrorReason.NO_FRAMES.value,
+                       f"no frame of {source} in [{span.start_s}, {span.end_s}) s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,14 +203,29 @@ def _remux(container, stream, span: ClipSpan, out_path: str) -> int:
     return written
 
 
-class _Transcoder:
-    """Decoded frames of one span -> upright, scaled, resampled libx264 frames in an MP4.
+class ClipEncoder:
+    """Decoded frames of one span, pushed in presentation order -> an H.264 MP4 at
+    ``out_path``: upright (the first frame's display matrix), longest side at most
+    ``max_size_px`` (even sides), at ``fps`` frames per second (each output time shows the
+    latest frame at or before it; None: the frames' own times), yuv420p, quality ``crf``
+    or ``bitrate`` (bits/s), ``threads`` encoder threads (0: FFmpeg's choice).
 
-    Each frame is held until the next one arrives, so it is written with its duration
-    (the gap to the next frame; the last one lasts until ``span.end_s``)."""
+    The caller decodes (``encode_clip``, or ``decode_video``'s ``frame_sink``: one decode
+    pass that also samples the frames): ``start(stream)`` with the source video stream
+    (its frame rate is the output's when ``fps`` is None), ``feed(frame, t)`` for each
+    frame whose time ``t`` (seconds) is in the span, then ``finish()`` for the
+    ``ClipFile``, or ``discard()`` on an error. Each frame is held until the next one
+    arrives, so it is written with its duration (the gap to the next frame; the last one
+    lasts until ``span.end_s``). Raises ``ValueError`` naming a bad argument.
+    """
 
-    def __init__(self, out_path: str, source, span: ClipSpan, enc: _Encoding):
-        self.out_path, self.source, self.span, self.enc = out_path, source, span, enc
+    def __init__(self, out_path: str, span: ClipSpan, *, crf: int = 23,
+                 bitrate: int | None = None, max_size_px: int | None = None,
+                 fps: float | None = None, threads: int = 0):
+        _check_args(span, "libx264", crf, bitrate, max_size_px, fps, threads)
+        self.out_path, self.span = out_path, span
+        self.enc = _Encoding(crf, bitrate, max_size_px, fps, threads)
+        self.source = None
         self.out = self.stream = None
         self.orientation = IDENTITY
         self.size = (0, 0)
@@ -200,37 +233,55 @@ class _Transcoder:
         self.pending = None  # (converted frame, pts) not yet written
         self.last_pts = -1
         self.written = 0
+        self.held = None     # fps: [the latest source frame, its converted copy or None]
+        self.k = 0           # fps: the next output frame
 
-    def run(self, dec: _Decoder) -> int:
-        """Encode the frames of ``dec`` inside the span; returns the frames written."""
-        lo, hi = self.span.start_s - WINDOW_EPS_S, self.span.end_s - WINDOW_EPS_S
-        held = None   # fps: the latest source frame, its time and converted copy
-        k = 0         # fps: the next output frame
+    def start(self, stream) -> None:
+        """Take the source video ``stream`` (PyAV), before the first ``feed``."""
+        self.source = stream
+
+    def feed(self, frame, t: float) -> None:
+        """Encode the decoded ``frame`` (PyAV ``VideoFrame``) shown at ``t`` seconds, in
+        [span.start_s, span.end_s), after the frames fed before it."""
+        if self.stream is None:
+            self._open(frame)
+        if self.enc.fps is None:
+            self._put(self._convert(frame), t)
+            return
+        self._repeat_held(t - WINDOW_EPS_S)
+        self.held = [frame, None]
+
+    def finish(self) -> ClipFile:
+        """Flush and close the file; the ``ClipFile`` measured from it. Raises
+        ``RecordError`` (``no_frames``, the file removed) when no frame was fed."""
         try:
-            for frame, t in dec.frames():
-                if t < lo:
-                    continue
-                if t >= hi:
-                    break
-                if self.stream is None:
-                    self._open(frame)
-                if self.enc.fps is None:
-                    self._put(self._convert(frame), t)
-                    continue
-                while held is not None and self._target(k) < t - WINDOW_EPS_S:
-                    held[1] = held[1] if held[1] is not None else self._convert(held[0])
-                    self._put(held[1], self._target(k))
-                    k += 1
-                held = [frame, None]
-            while held is not None and self._target(k) < hi:
-                held[1] = held[1] if held[1] is not None else self._convert(held[0])
-                self._put(held[1], self._target(k))
-                k += 1
+            self._repeat_held(self.span.end_s - WINDOW_EPS_S)
             self._finish()
         finally:
-            if self.out is not None:
-                self.out.close()
-        return self.written
+            self._close()
+        if self.written == 0:
+            self.discard()
+            raise _no_frames(self.span)
+        return probe_clip(self.out_path, "libx264")
+
+    def discard(self) -> None:
+        """Close and remove the file (an error while decoding or encoding)."""
+        self._close()
+        if os.path.exists(self.out_path):
+            os.remove(self.out_path)
+
+    def _close(self) -> None:
+        if self.out is not None:
+            self.out.close()
+            self.out = None
+
+    def _repeat_held(self, until: float) -> None:
+        """fps: write the held frame at every output time before ``until`` seconds."""
+        while self.held is not None and self._target(self.k) < until:
+            if self.held[1] is None:
+                self.held[1] = self._convert(self.held[0])
+            self._put(self.held[1], self._target(self.k))
+            self.k += 1
 
     def _target(self, k: int) -> float:
         return self.span.start_s + k / self.enc.fps

@@ -143,6 +143,18 @@ def sniff_by_extension(data: bytes, ext: str | None) -> str | None:
     return fmt
 
 
+def still_image_format(head: bytes, ext: str | None = None) -> str | None:
+    """The Pillow format of a file whose first bytes are ``head`` when it is a raster
+    image ``decode_image`` opens (``sniff_format`` in ``RASTER_FORMATS``, or a
+    signature-less format its extension ``ext`` names: ``sniff_by_extension``); None for
+    anything else (a video container, a document, text). A video job that also lists
+    image extensions decodes such files as one-frame rows (``steps.video``)."""
+    fmt = sniff_format(head)
+    if fmt is None:
+        return sniff_by_extension(head, ext)
+    return fmt if fmt in RASTER_FORMATS else None
+
+
 def _sniff_ftyp(head: bytes) -> str | None:
     """Classify an ISO-BMFF file by its major and compatible brands (AVIF wins ties)."""
     size = int.from_bytes(head[0:4], "big")

@@ -23,6 +23,7 @@ import numpy as np
 from PIL import Image
 
 from pipeline.errors import RecordError
+from pipeline.media.imageio_util import still_image_format
 from pipeline.media.transform import low_detail, phash64
 from pipeline.records import ErrorReason
 from pipeline.spec import VideoSpec
@@ -622,7 +623,8 @@ def _container_name(container, path: str) -> str:
 def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
                  budget_s: float = DECODE_BUDGET_S,
                  frame_budget_bytes: int | None = None,
-                 start_s: float | None = None, end_s: float | None = None) -> VideoInfo:
+                 start_s: float | None = None, end_s: float | None = None,
+                 frame_sink: Any = None) -> VideoInfo:
     """Decode the local video file ``path`` and sample frames per ``spec`` (see module doc).
 
     ``start_s``/``end_s`` (seconds of presentation time, None: unbounded): a window
@@ -641,6 +643,11 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
     ``budget_s`` (seconds) bound each pass over the file (the result is then partial).
     ``frame_budget_bytes``: the most bytes the sampled RGB frames may hold at once (None:
     unbounded); frames are halved to fit, flagged ``frames_downscaled``.
+    ``frame_sink``: gets every decoded frame of the window as well, in the same pass
+    (``start(stream)`` with the PyAV video stream before the first frame, then
+    ``feed(frame, t)`` per frame in presentation order, ``t`` in seconds; e.g.
+    ``media.clip_encode.ClipEncoder``); its errors propagate, and its time counts
+    towards ``spec.max_decode_s``.
     """
     try:
         size = os.stat(path).st_size
@@ -672,6 +679,8 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
         first_t = last_t = None
         last_end = 0.0
         coded = matrix = None  # the first frame's (width, height) and display matrix
+        if frame_sink is not None:
+            frame_sink.start(dec.stream)
         thinner = _Thinner(cap)
         # uniform: frame index -> its _Held frame, chosen per target
         chosen: dict[int, _Held] = {}
@@ -720,6 +729,8 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
                                          > spec.scene_threshold):
                     thinner.offer(store.add, frame, t)
                 prev_gray = gray
+            if frame_sink is not None:  # last: the sink may retime the frame it holds
+                frame_sink.feed(frame, t)
         if (spec.sampling == "uniform" and targets is not None and j < len(targets)
                 and prev is not None and prev[0] not in chosen):  # targets after the last frame
             chosen[prev[0]] = store.add(prev[2], prev[1])
@@ -842,3 +853,12 @@ def file_sha256(path: str) -> str:
     """Hex sha256 of the file at ``path``, streamed."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def still_image(path: str) -> bool:
+    """Whether the local file ``path`` is a still image, not a video: its first 4 KiB sniff
+    as a raster image (``imageio_util.still_image_format``; a video job that lists image
+    extensions decodes it as one frame, ``steps.video``). Raises ``OSError``."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    return still_image_format(head, os.path.splitext(path)[1]) is not None

@@ -14,6 +14,9 @@ Fair sharing: ``waiting_demand`` sums the bundles of the other jobs' placement g
 Ray has not placed yet (``ray.util.placement_group_table``); a running job's elastic growth
 (more PartitionWorkers, more model replicas) only takes what is free beyond them
 (``spare``), so it never takes the last free resources a waiting job needs for its minimum.
+Nor more than its equal share of the growth room (``fair_share``: the cluster less every
+placement group's bundles, divided among the admitted mmpipe jobs; ``Admission.room``):
+two jobs admitted together grow alike, whichever looked at the free resources first.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class Admission:
 
     def __init__(self, group, bundles: dict[str, int], waited_s: float):
         self.group, self.bundles, self.waited_s = group, bundles, waited_s
+        self.grown: dict[str, float] = {}   # resources of this job's actors outside the group
 
     def strategy(self, name: str) -> PlacementGroupSchedulingStrategy | None:
         """The scheduling strategy that puts actor ``name`` in its bundle, or None when it
@@ -85,6 +89,20 @@ class Admission:
         return PlacementGroupSchedulingStrategy(
             self.group, placement_group_bundle_index=self.bundles[name],
             placement_group_capture_child_tasks=False)
+
+    def took(self, request: dict[str, float], sign: int = 1) -> None:
+        """Count an actor started outside the group (growth) asking ``request``;
+        ``sign=-1`` when it goes."""
+        for k, v in request.items():
+            self.grown[k] = self.grown.get(k, 0.0) + sign * v
+
+    def room(self) -> dict[str, float]:
+        """What this job's growth may take now: ``spare`` (free beyond other jobs'
+        waiting minimums), capped by its ``fair_share`` less what it has grown already,
+        so two admitted jobs grow alike whichever looked first."""
+        share = fair_share()
+        return {k: max(0.0, min(v, share.get(k, 0.0) - self.grown.get(k, 0.0)))
+                for k, v in spare(self.group).items()}
 
     def release(self) -> None:
         """Remove the placement group (its actors must be killed first)."""
@@ -152,6 +170,22 @@ def waiting_demand(own_group=None) -> dict[str, float]:
             continue
         requests += list((info.get("bundles") or {}).values())
     return total(requests)
+
+
+def fair_share() -> dict[str, float]:
+    """Each admitted job's equal share of the growth room: the cluster's resources less
+    the bundles of every placement group (placed or waiting), divided by the number of
+    admitted mmpipe jobs (placed groups named ``mmpipe-*``, at least 1)."""
+    reserved, jobs = [], 0
+    for info in ray.util.placement_group_table().values():
+        if info.get("state") == "REMOVED":
+            continue
+        reserved += list((info.get("bundles") or {}).values())
+        jobs += info.get("state") == "CREATED" and str(info.get("name", "")).startswith(
+            "mmpipe-")
+    held = total(reserved)
+    return {k: max(0.0, v - held.get(k, 0.0)) / max(jobs, 1)
+            for k, v in ray.cluster_resources().items()}
 
 
 def spare(own_group=None) -> dict[str, float]:

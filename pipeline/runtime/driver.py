@@ -213,7 +213,9 @@ class _Scheduler:
     ``runtime.max_workers`` (default one per partition remaining): every ``SCALE_TICK_S``
     it asks the autoscaler for a bundle per wanted worker and starts workers the free
     resources hold (nodes that joined mid-job) less what other jobs waiting for admission
-    need (``admission.spare``: fair sharing); once the queue is empty, idle workers go.
+    need and within the job's equal share of the growth room (``Admission.room``: fair
+    sharing); growth workers beyond that share (a job admitted or waiting since) go as
+    soon as they are idle; once the queue is empty, idle workers go.
     The same tick lets ``scaler`` (``pool_scaler.PoolScaler``) resize the model pools.
     A worker is handed work only once its actor is up (its ``ping`` returned), so a
     replacement for a worker lost with its node waits for resources without holding a
@@ -254,6 +256,7 @@ class _Scheduler:
         self.model_stats: dict[int, list[dict]] = {}  # worker -> its own models' statistics
         self.last_poll = 0.0
         self.scaler = None   # pool_scaler.PoolScaler: the model pools, every SCALE_TICK_S
+        self.shed = 0   # growth workers beyond the fair share (backend.surplus): go when idle
 
     def wanted(self) -> int:
         """Workers this run can use now: one per partition queued or in flight, capped by
@@ -286,6 +289,7 @@ class _Scheduler:
             self.metrics.remaining(len(self.queue) + len(self.in_flight) + len(self.held))
             self._release_held()
             self._scale()
+            self._shed_idle()
             while self.queue and self.idle:
                 self._dispatch(self.idle.popleft(), self.queue.popleft())
             self._dismiss_idle()
@@ -360,6 +364,7 @@ class _Scheduler:
             self.scaler.tick()
         wanted = self.wanted()
         self.backend.ask(wanted)
+        self.shed = self.backend.surplus()
         self._check_waits(now)
         missing = wanted - len(self.workers)
         if missing <= 0 or not self.queue:
@@ -381,6 +386,17 @@ class _Scheduler:
                 raise self.backend.wait_error(i, limit)
             log.info("PartitionWorker-%d found no room in %g s; going on without it", i, limit)
             self._drop(i, ref)
+
+    def _shed_idle(self) -> None:
+        """Let idle growth workers go while the job holds more than its fair share of the
+        cluster (``self.shed``, from ``backend.surplus`` every ``SCALE_TICK_S``): another
+        job was admitted or waits for its minimum since they started."""
+        for i in [i for i in self.idle if self.backend.is_growth(i)][:max(self.shed, 0)]:
+            self.idle.remove(i)
+            self._drop(i)
+            self.shed -= 1
+            log.info("PartitionWorker-%d goes: beyond this job's fair share of the cluster "
+                     "(another job waits or was admitted)", i)
 
     def _release_held(self) -> None:
         """Queue again the partitions held back after a storage outage whose wait is over."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -117,7 +118,8 @@ class RayWorkers:
     ``p-000042 a-<attempt>``, so the dashboard's task tables say which partition each
     worker holds. With ``admission`` (the job's admitted placement group), one worker
     at a time takes the group's PartitionWorker bundle, and growth beyond it takes only
-    ``admission.spare`` resources (fair sharing)."""
+    ``Admission.room`` resources (fair sharing: beyond other jobs' waiting minimums,
+    within this job's equal share of the growth room)."""
 
     def __init__(self, spec, fingerprint: str, pools: list, run_id: str,
                  partition_task_names: bool | None = None, admission=None):
@@ -129,6 +131,7 @@ class RayWorkers:
         self.admission = admission
         self.bundle_index: int | None = None
         self.bundle_actor = None
+        self.grown: dict[int, object] = {}   # worker index -> actor id, outside the group
         self.request = actor_request(1, 0, spec.runtime.worker_resources)
         self.partition_task_names = (os.environ.get(PARTITION_TASK_NAMES_ENV) == "1"
                                      if partition_task_names is None else partition_task_names)
@@ -151,6 +154,12 @@ class RayWorkers:
         ).remote(self.spec.model_dump_json(), self.fp, index, self.pools, self.run_id)
         if strategy is not None:
             self.bundle_actor = handle._actor_id   # noqa: SLF001 - see records()
+            if self.grown.pop(index, None) is not None:   # a growth index took the bundle
+                self.admission.took(self.request, -1)
+        elif self.admission is not None:
+            if index not in self.grown:   # not a replacement of a lost growth worker
+                self.admission.took(self.request)
+            self.grown[index] = handle._actor_id   # noqa: SLF001
         return handle
 
     def ping(self, handle):
@@ -209,6 +218,10 @@ class RayWorkers:
         self._polls.pop(handle._actor_id, None)   # noqa: SLF001 - see records()
         if handle._actor_id == self.bundle_actor:   # noqa: SLF001
             self.bundle_index = self.bundle_actor = None
+        for index, actor in list(self.grown.items()):
+            if actor == handle._actor_id:   # noqa: SLF001
+                del self.grown[index]
+                self.admission.took(self.request, -1)
         ray.kill(handle)
 
     def set_replicas(self, handles: list, section: str, actors: list,
@@ -226,13 +239,30 @@ class RayWorkers:
 
     def fits_now(self) -> int:
         """How many workers the cluster's free resources hold now (summed over nodes),
-        less what other jobs waiting for admission need (``admission.spare``), plus the
-        job's own PartitionWorker bundle when no worker holds it."""
+        less what other jobs waiting for admission need, within this job's fair share
+        of the growth room (``Admission.room``), plus the job's own PartitionWorker
+        bundle when no worker holds it."""
         from pipeline.runtime.admission import fits, spare
 
-        own = self.admission.group if self.admission is not None else None
-        bundle = self.admission is not None and self.bundle_index is None
-        return fits(self.request, spare(own)) + int(bundle)
+        if self.admission is None:
+            return fits(self.request, spare())
+        return fits(self.request, self.admission.room()) + int(self.bundle_index is None)
+
+    def surplus(self) -> int:
+        """How many of this job's growth workers are beyond its ``fair_share`` now (a job
+        admitted, or waiting for its minimum, since they started): they go once idle."""
+        from pipeline.runtime.admission import fair_share
+
+        if self.admission is None or not self.grown:
+            return 0
+        share = fair_share()
+        over = max(math.ceil((self.admission.grown.get(k, 0.0) - share.get(k, 0.0)) / v
+                             - 1e-9) for k, v in self.request.items() if v > 0)
+        return max(0, min(over, len(self.grown)))
+
+    def is_growth(self, index: int) -> bool:
+        """Whether worker ``index`` runs outside the job's placement group."""
+        return index in self.grown
 
     def free(self) -> dict[str, float]:
         """The free amount of each resource a worker asks for (for the log)."""
@@ -385,6 +415,13 @@ class ProcessWorkers:
 
     def fits_now(self) -> int:
         return max(0, self.capacity - len(self.live))
+
+    def surplus(self) -> int:
+        """No other job shares this machine's worker processes."""
+        return 0
+
+    def is_growth(self, index: int) -> bool:
+        return False
 
     def free(self) -> dict[str, float]:
         return {"CPU": float(self.fits_now())}

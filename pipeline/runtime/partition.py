@@ -26,6 +26,7 @@ from pipeline.assembly import Pipeline
 from pipeline.columns import (ERROR, ERROR_REASON, PARTITION_ID, READ_ERROR, REJECT_REASON,
                               STATUS, Batch)
 from pipeline.errors import AssemblyError, PartitionError
+from pipeline.keys import PartitionKeys
 from pipeline.storage import retry
 from pipeline.output.checkpoint import MARKER_VERSION, CheckpointStore, CommitMarker, verify_files
 from pipeline.output.generations import output_of
@@ -117,6 +118,7 @@ def _attempt(pipeline: Pipeline, partition: Partition, attempt_id: str,
     pending: collections.deque = collections.deque()
     read = 0
     counts: list[int] = []   # rows each input became, in input order
+    keys = PartitionKeys()   # clip keys unique in the partition (steps.clips, "Keys")
     for sink in pipeline.datasinks:
         sink.on_write_start(pid, attempt_id, schema)
     try:
@@ -127,7 +129,7 @@ def _attempt(pipeline: Pipeline, partition: Partition, attempt_id: str,
                                                             pool, stats):
                 batch = _start_batch(batch, pid)
                 read += len(batch[STATUS])
-                for rows in _fan_out(pipeline, batch, counts):
+                for rows in _fan_out(pipeline, batch, counts, keys):
                     for part in cut_batch(rows, pipeline.steps, spec.runtime.max_batch_bytes):
                         _run_steps(pipeline, part, known, pending, stats, on_rows)
             _write_ready(pipeline, pending, stats, 1, on_rows)
@@ -155,14 +157,16 @@ def _attempt(pipeline: Pipeline, partition: Partition, attempt_id: str,
     return AttemptOutcome(marker, committed, dict(stats.rows), first_errors=stats.first_errors)
 
 
-def _fan_out(pipeline: Pipeline, batch: Batch, counts: list[int]) -> Iterator[Batch]:
+def _fan_out(pipeline: Pipeline, batch: Batch, counts: list[int],
+             keys: PartitionKeys) -> Iterator[Batch]:
     """``batch`` as the rows the steps take: its clip rows in bounded sub-batches with a
-    clip splitter (``video.clips``), else itself; appends each input's row count."""
+    clip splitter (``video.clips``; ``keys``: the attempt's), else itself; appends each
+    input's row count."""
     if pipeline.splitter is None:
         counts.extend([1] * len(batch[STATUS]))
         yield batch
         return
-    yield from pipeline.splitter.split(batch, counts)
+    yield from pipeline.splitter.split(batch, counts, keys)
 
 
 def _run_steps(pipeline: Pipeline, batch: Batch, known: set[str],

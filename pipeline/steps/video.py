@@ -57,6 +57,15 @@ cover art of an audio file (ID3 APIC in MP3, ``covr`` in M4A, METADATA_BLOCK_PIC
 FLAC, a Matroska attachment): one still image, never a one-frame video. A file with
 real video plus cover art uses the real video.
 
+Still images in a video job (``images``: the job's ``source.extensions`` list image
+extensions too, ``SourceSpec.holds_images``): a file whose first bytes sniff as a raster
+image (``media.video.still_image``) is decoded by the image decoder
+(``media.decode.decode_image``, ``decode.max_pixels``) into a one-frame row:
+``_frames=[pixels]``, ``frame_count`` 1, ``duration_s`` 0, ``fps``/``video_codec`` null,
+``frame_timestamps_s`` [0], ``sha256`` of the file and ``phash`` of its one frame (as
+an image job's), so its frame pHash meets the videos' frames in the dataset-wide near
+index (cross-modal duplicates). An animated image gives its first frame.
+
 Errors (``pipeline.errors.RecordError`` with a ``records.ErrorReason`` value):
 ``empty_file`` (0 bytes), ``read_failed`` (the file cannot be stat'ed),
 ``corrupt_container`` (FFmpeg cannot open it), ``no_video_stream`` (no video stream but
@@ -75,7 +84,10 @@ together) takes more than ``max_decode_s`` seconds.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import os
+from typing import TYPE_CHECKING
 
 from pipeline.columns import (
     CLIP_END_S,
@@ -106,6 +118,7 @@ from pipeline.columns import (
     Batch,
 )
 from pipeline.errors import RecordError
+from pipeline.media.decode import decode_image, decoded_size
 from pipeline.media.transform import resize_pixels
 from pipeline.media.video import (
     av_module,
@@ -113,10 +126,14 @@ from pipeline.media.video import (
     decoded_frames_bytes,
     file_sha256,
     near_hash,
+    still_image,
 )
 from pipeline.records import ErrorReason
-from pipeline.spec import ResizeSpec, VideoSpec
+from pipeline.spec import DecodeSpec, ResizeSpec, VideoSpec
 from pipeline.steps.base import RowStep
+
+if TYPE_CHECKING:
+    from pipeline.steps.clips import ClipEncodeStep
 
 
 class VideoDecodeStep(RowStep):
@@ -133,6 +150,13 @@ class VideoDecodeStep(RowStep):
 
     ``frame_budget_bytes``: the most bytes one row's sampled frames hold
     (``runtime.max_batch_bytes``; None: unbounded; module doc, "Frame budget").
+    ``images``: the job's ``decode`` spec when it holds still images too (module doc,
+    "Still images in a video job"); None: every file is decoded as a video.
+    ``clip_encoder``: clip rows whose files are re-encoded (``ClipEncodeStep.one_pass``):
+    the decode pass that samples a clip's frames also feeds its encoder, so each clip is
+    decoded once, and the row gets ``ClipEncodeStep``'s columns (an error of either is
+    the row's; the clip file is then removed). Raises ``ValueError`` for a
+    ``clip_encoder`` that copies (``codec: copy`` never decodes).
     """
 
     reads = (SOURCE_PATH,)
@@ -140,11 +164,22 @@ class VideoDecodeStep(RowStep):
               FRAME_TIMESTAMPS_S, PARTIAL, ROTATION_DEG, VIDEO_CODEC, SHA256, PHASH,
               LOW_DETAIL, DECODE_FLAGS, DECODE_ERRORS)
 
-    def __init__(self, spec: VideoSpec, frame_budget_bytes: int | None = None):
+    def __init__(self, spec: VideoSpec, frame_budget_bytes: int | None = None,
+                 images: DecodeSpec | None = None,
+                 clip_encoder: ClipEncodeStep | None = None):
+        if clip_encoder is not None and not clip_encoder.one_pass:
+            raise ValueError(f"VideoDecodeStep: clip_encoder must re-encode (libx264), got "
+                             f"codec {clip_encoder.spec.transcode.codec!r}")
         self.spec = spec
         self.frame_budget_bytes = frame_budget_bytes
+        self.images = images
+        self.clip_encoder = clip_encoder
         if spec.clips.enabled:   # clip rows: frames of the clip span, sha256 by ClipEncodeStep
             self.reads = (SOURCE_PATH, CLIP_START_S, CLIP_END_S)
+        if clip_encoder is not None:
+            self.reads = tuple(dict.fromkeys(  # sha256: a still image's, written here
+                self.reads + tuple(c for c in clip_encoder.reads if c not in self.writes)))
+            self.writes = tuple(dict.fromkeys(self.writes + clip_encoder.writes))
 
     def setup(self) -> None:
         """Import PyAV (FFmpeg) now, once: without it a video job fails at assembly, not
@@ -153,32 +188,64 @@ class VideoDecodeStep(RowStep):
 
     def settings(self):
         # temp_dir: where, not what; clips: ClipSplitStep's and ClipEncodeStep's settings
+        images = ({"image_max_pixels": self.images.max_pixels}
+                  if self.images is not None else {})
+        clip = {} if self.clip_encoder is None else {"clip": self.clip_encoder.settings()}
         return {**self.spec.model_dump(mode="json", exclude={"temp_dir", "clips"}),
-                "frame_budget_bytes": self.frame_budget_bytes}
+                "frame_budget_bytes": self.frame_budget_bytes, **images, **clip}
 
     def decoded_bytes(self, batch, i):
         """Header estimate of row ``i``'s ``_frames`` (bytes; ``decoded_frames_bytes``),
         at most the frame budget."""
         path = batch[SOURCE_PATH][i]
-        return decoded_frames_bytes(path, self.spec, self.frame_budget_bytes) if path else 0
+        if not path:
+            return 0
+        if self.images is not None and still_image(path):
+            with open(path, "rb") as f:
+                return decoded_size(f.read(), ext=os.path.splitext(path)[1])
+        return decoded_frames_bytes(path, self.spec, self.frame_budget_bytes)
 
     def process_row(self, batch, i):
         path = batch[SOURCE_PATH][i]
         if not path:
             raise RecordError(ErrorReason.READ_FAILED.value, "no local video file")
+        if self.images is not None and still_image(path):
+            return self._image_row(path)
         clip = self.spec.clips.enabled
         window = ({"start_s": batch[CLIP_START_S][i], "end_s": batch[CLIP_END_S][i]}
                   if clip else {})
-        info = decode_video(path, self.spec, frame_budget_bytes=self.frame_budget_bytes,
-                            **window)
+        encoder = self.clip_encoder.encoder(batch, i) if self.clip_encoder else None
+        try:
+            info = decode_video(path, self.spec, frame_budget_bytes=self.frame_budget_bytes,
+                                frame_sink=encoder, **window)
+            clip_columns = self.clip_encoder.finish(encoder) if encoder else {}
+        except BaseException:
+            if encoder is not None:
+                encoder.discard()
+            raise
         phash, low = near_hash(info.frames)
-        return {FRAMES: info.frames, WIDTH: info.width, HEIGHT: info.height, MIME: info.mime,
+        return {**clip_columns, FRAMES: info.frames, WIDTH: info.width, HEIGHT: info.height, MIME: info.mime,
                 FORMAT: info.container, DURATION_S: info.duration_s, FPS: info.fps,
                 FRAME_COUNT: info.frame_count, FRAME_TIMESTAMPS_S: info.timestamps_s,
                 PARTIAL: info.partial, ROTATION_DEG: info.rotation_deg,
-                VIDEO_CODEC: info.codec, SHA256: None if clip else file_sha256(path),
+                VIDEO_CODEC: info.codec,
+                SHA256: clip_columns.get(SHA256) if clip else file_sha256(path),
                 PHASH: phash, LOW_DETAIL: low, DECODE_FLAGS: list(info.flags),
                 DECODE_ERRORS: info.decode_errors}
+
+    def _image_row(self, path: str) -> dict:
+        """The still image at ``path`` as a one-frame row (module doc). Raises
+        ``RecordError`` from ``decode_image``."""
+        with open(path, "rb") as f:
+            data = f.read()
+        img = decode_image(data, max_pixels=self.images.max_pixels,
+                           ext=os.path.splitext(path)[1])
+        phash, low = near_hash([img.pixels])
+        return {FRAMES: [img.pixels], WIDTH: img.width, HEIGHT: img.height, MIME: img.mime,
+                FORMAT: img.format, DURATION_S: 0.0, FPS: None, FRAME_COUNT: 1,
+                FRAME_TIMESTAMPS_S: [0.0], PARTIAL: False, ROTATION_DEG: 0, VIDEO_CODEC: None,
+                SHA256: hashlib.sha256(data).hexdigest(), PHASH: phash, LOW_DETAIL: low,
+                DECODE_FLAGS: list(img.flags), DECODE_ERRORS: 0}
 
 
 class VideoFramesStep(RowStep):

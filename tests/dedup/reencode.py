@@ -1,4 +1,5 @@
-"""A re-encoded copy of part of a real video: the test input of frame-level dedup."""
+"""A re-encoded copy of part of a real video, and a frame of one saved as a still image:
+the test inputs of frame-level and cross-modal dedup."""
 
 from __future__ import annotations
 
@@ -28,4 +29,23 @@ def reencode_span(src: Path, dst: Path, start_s: float, end_s: float, width: int
             out.mux(stream.encode(img))
             n += 1
         out.mux(stream.encode())
+    return dst
+
+
+def save_frame(src: Path, at_s: float, dst: Path, width: int | None = None,
+               quality: int = 90) -> Path:
+    """Save the frame of ``src`` shown at ``at_s`` seconds (the first decoded frame whose
+    presentation time is >= ``at_s``, as ``fps`` sampling picks it) to ``dst`` as a JPEG
+    (``quality``), resized to ``width`` pixels wide (aspect kept) when given; returns
+    ``dst``. Raises ``ValueError`` when ``src`` ends before ``at_s``."""
+    with av.open(str(src)) as inp:
+        for frame in inp.decode(video=0):
+            if frame.time is not None and frame.time >= at_s:
+                img = frame.to_image()
+                break
+        else:
+            raise ValueError(f"{src} has no frame at or after {at_s} s")
+    if width is not None:
+        img = img.resize((width, round(img.height * width / img.width)))
+    img.save(dst, format="JPEG", quality=quality)
     return dst

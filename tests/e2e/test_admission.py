@@ -7,15 +7,22 @@ one ModelActor each and then wait for ever for a worker CPU; admitted as one pla
 group each, one runs while the other waits holding nothing, then the other runs. A job
 whose minimum no node offers fails after ``runtime.resource_wait_s`` naming the request,
 and its pending group holds no CPU meanwhile.
+
+Fair sharing, on a head with 6 CPUs (both minimums and 2 to grow): two equal jobs started
+together run within 2x of each other's partitions/s (each grows by one worker), and a job
+that grew alone into every CPU lets growth workers go once a later job waits.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -162,6 +169,21 @@ def wide_head(tmp_path_factory):
     h.stop()
 
 
+COPIES = 8  # the quickstart's 57 photos, 8 times over: 456 records, 29 partitions of 16
+
+
+def _many_photos(tmp_path, copies: int = COPIES) -> Path:
+    """A manifest naming each quickstart photo ``copies`` times under new keys (a copy of
+    data/photos beside it), in copy order: no partition of 16 rows holds a photo twice."""
+    photos = tmp_path / "photos"
+    shutil.copytree(REPO / "data" / "photos", photos)
+    rows = [json.loads(line) for line in (photos / "captions.jsonl").read_text().splitlines()]
+    manifest = photos / "many.jsonl"
+    manifest.write_text("".join(json.dumps(dict(r, key=f"{r['key']}-c{k}")) + "\n"
+                                for k in range(copies) for r in rows))
+    return manifest
+
+
 def _markers(out) -> list[tuple[float, float]]:
     """``(started_at, finished_at)`` of each commit marker under ``out`` (epoch seconds)."""
     return [(m["started_at"], m["finished_at"]) for m in
@@ -169,25 +191,27 @@ def _markers(out) -> list[tuple[float, float]]:
 
 
 def _stamps(text: str, pattern: str) -> list[float]:
-    """Seconds since midnight of each log line matching ``pattern``."""
+    """The time (epoch seconds, as the markers') of each log line matching ``pattern``."""
     out = []
     for line in text.splitlines():
-        m = re.search(r"(\d\d):(\d\d):(\d\d),(\d\d\d)", line)
+        m = re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}", line)
         if m and re.search(pattern, line):
-            h, mi, s, ms = map(int, m.groups())
-            out.append(h * 3600 + mi * 60 + s + ms / 1000)
+            out.append(datetime.datetime.strptime(m.group(0), "%Y-%m-%d %H:%M:%S,%f")
+                       .timestamp())
     return out
 
 
 def test_two_equal_jobs_share_a_cluster_within_2x(wide_head, tmp_path):
-    """Two quickstarts cut into 29 partitions each, started together on 6 CPUs: each job's
+    """Two quickstarts over ``_many_photos`` (29 partitions each), started together on 6
+    CPUs: each job's
     partitions/s over the time both ran is within 2x of the other's, and no job grew
     (started more PartitionWorkers) while the other waited for its minimum."""
     names = ("a", "b")
     reports = {n: tmp_path / f"{n}.json" for n in names}
     logs = {n: open(tmp_path / f"{n}.log", "w+") for n in names}
+    manifest = _many_photos(tmp_path)
     procs = {n: _run(wide_head, tmp_path / f"out-{n}", reports[n], logs[n], f"name=fair{n}",
-                     "source.partition_size=2") for n in names}
+                     f"source.uri={manifest}", "source.partition_size=16") for n in names}
     texts = {}
     for n in names:
         procs[n].wait(timeout=300)
@@ -198,14 +222,13 @@ def test_two_equal_jobs_share_a_cluster_within_2x(wide_head, tmp_path):
         assert procs[n].returncode == 0, texts[n][-4000:]
     done = {n: json.loads(reports[n].read_text()) for n in names}
     for d in done.values():
-        assert d["complete"] and d["rows_out"] == 57 and d["partitions_total"] == 29
+        assert d["complete"] and d["rows_out"] == 57 * COPIES and d["partitions_total"] == 29
     marks = {n: _markers(tmp_path / f"out-{n}") for n in names}
     assert all(len(m) == 29 for m in marks.values()), marks
     # the window both ran: from the later first attempt to the earlier last commit
     t0 = max(min(s for s, _ in m) for m in marks.values())
     t1 = min(max(f for _, f in m) for m in marks.values())
-    assert t1 - t0 > 5, (t0, t1, marks)
-    rate = {n: sum(t0 <= f <= t1 for _, f in marks[n]) / (t1 - t0) for n in names}
+    rate = {n: sum(t0 <= f <= t1 for _, f in marks[n]) / max(t1 - t0, 1e-3) for n in names}
     timeline = {n: {"admission_wait_s": done[n]["admission_wait_s"],
                     "first_attempt_s": round(min(s for s, _ in marks[n]) - t0, 1),
                     "commits_s": sorted(round(f - t0, 1) for _, f in marks[n]),
@@ -213,6 +236,9 @@ def test_two_equal_jobs_share_a_cluster_within_2x(wide_head, tmp_path):
                     "partitions_per_s": round(rate[n], 3), "wall_s": round(done[n]["wall_s"], 1)}
                 for n in names}
     print("fair-share timeline:", json.dumps(timeline))
+    assert t1 - t0 > 5, timeline
+    # the cluster holds both minimums: neither waits for the other's growth to end
+    assert all(d["admission_wait_s"] < 10 for d in done.values()), timeline
     assert min(rate.values()) > 0 and max(rate.values()) <= 2 * min(rate.values()), timeline
     # no growth while the other job waited for its minimum
     for n, other in (names, names[::-1]):
@@ -223,3 +249,43 @@ def test_two_equal_jobs_share_a_cluster_within_2x(wide_head, tmp_path):
             grew = [t for t in _stamps(texts[n], r"starting \d+ more partition worker")
                     if waits[0] <= t <= admitted[0]]
             assert not grew, (n, grew, timeline)
+
+
+def test_a_job_that_grew_first_sheds_down_to_its_share_for_a_later_one(wide_head, tmp_path):
+    """Job a starts alone on 6 CPUs and grows into all of them (5 PartitionWorkers); job b
+    started once a commits its first partition waits for its minimum only until a lets
+    growth workers go at their next idle moment (well before a ends), then both run."""
+    manifest = _many_photos(tmp_path, copies=16)   # 912 records, 57 partitions of 16
+    logs = {n: open(tmp_path / f"{n}.log", "w+") for n in "ab"}
+    sets = (f"source.uri={manifest}", "source.partition_size=16")
+    procs = {"a": _run(wide_head, tmp_path / "out-a", tmp_path / "a.json", logs["a"],
+                       "name=greedy", *sets)}
+    deadline = time.time() + 180
+    while not list((tmp_path / "out-a" / "_checkpoints").glob("p-*.json")):
+        assert procs["a"].poll() is None and time.time() < deadline, "job a never committed"
+        time.sleep(0.5)
+    b_start = time.time()
+    procs["b"] = _run(wide_head, tmp_path / "out-b", tmp_path / "b.json", logs["b"],
+                      "name=late", *sets)
+    texts = {}
+    for n in "ab":
+        procs[n].wait(timeout=300)
+        logs[n].seek(0)
+        texts[n] = logs[n].read()
+        logs[n].close()
+        assert procs[n].returncode == 0, texts[n][-4000:]
+    done = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab"}
+    assert all(d["complete"] and d["rows_out"] == 57 * 16 for d in done.values())
+    shed = _stamps(texts["a"], r"goes: beyond this job's fair share")
+    marks = _markers(tmp_path / "out-a")
+    a_end = max(f for _, f in marks)
+    (b_admitted,) = _stamps(texts["b"], r"admitted after waiting")
+    print("shed timeline:", json.dumps({
+        "a_grew_to": len(set(re.findall(r"PartitionWorker-(\d+)", texts["a"]))),
+        "a_shed_at": shed, "b_admission_wait_s": done["b"]["admission_wait_s"],
+        "a_shed_after_b_started_s": [round(t - b_start, 1) for t in shed],
+        "b_admitted_before_a_end_s": round(a_end - b_admitted, 1)}))
+    # a let 3 growth workers go: 2 CPUs for b's minimum, then 1 to leave b its share
+    assert len(shed) == 3 and all(t > b_start for t in shed), texts["a"][-3000:]
+    # b was admitted while a still had work: a gave growth back, b did not wait for its end
+    assert b_admitted < a_end - 2 and done["b"]["admission_wait_s"] < 15, (b_admitted, a_end)

@@ -74,7 +74,7 @@ def test_unread_objects_are_counted_by_extension_and_stored_in_the_plan(tmp_path
     spec = SourceSpec(kind="files", uri=str(tmp_path), partition_size=2)
     src = make_datasource(spec, DecodeSpec())
     plan = planning.write_plan(out, src.list_inputs(), spec, None, src.plan_metadata)
-    assert plan.totals() == {"inputs": 3, "rows": 3, "unread": 3, "warnings": [],
+    assert plan.totals() == {"inputs": 3, "rows": 3, "unread": 3, "warnings": [], "extensions": [],
                              "unread_by_extension": {"": 1, ".txt (unpaired sidecar)": 1, ".xyz": 1}}
     stored = planning.read_plan(out)
     assert stored.totals() == plan.totals() and stored.rows_planned == (2, 1)
@@ -114,7 +114,7 @@ def test_an_attempt_with_rows_missing_never_commits(tmp_path):
     good = pipeline.datasource
     pipeline.datasource = _DroppingDatasource(spec.source, spec.decode)
     part = next(planning.pack(good.list_inputs(), 10))
-    with pytest.raises(PartitionError, match="3 records planned, 2 read, 2 written"):
+    with pytest.raises(PartitionError, match=r"3 inputs planned, 2 read \(2 counted, 0 with no row\), 2 rows made, 2 written"):
         run_partition(pipeline, part, "dead", POOL)
     assert CheckpointStore(str(out)).markers() == {}
     assert [f.uri for f in fs.list_files(str(out))] == []

@@ -70,9 +70,9 @@ def test_an_attempt_whose_fan_out_loses_an_input_is_refused(tmp_path):
     pipeline = assemble(spec, {}, pool, setup=True)
     split = pipeline.splitter.split
 
-    def losing(batch, counts):         # a splitter that counts no row for an input
+    def losing(batch, counts, keys):   # a splitter that counts no row for an input
         first = len(counts)
-        yield from split(batch, counts)
+        yield from split(batch, counts, keys)
         counts[first] = 0
 
     pipeline.splitter.split = losing

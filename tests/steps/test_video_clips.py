@@ -3,6 +3,7 @@ rows, clip decode windows, clip files, on the bundled real videos."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import av
@@ -18,25 +19,33 @@ from pipeline.columns import (
     CLIP_PATH,
     CLIP_SPAN,
     CLIP_START_S,
+    DURATION_S,
     ERROR,
     ERROR_REASON,
+    FPS,
+    FRAME_COUNT,
     FRAME_TIMESTAMPS_S,
     FRAMES,
+    HEIGHT,
     KEY,
+    MIME,
     PARENT_KEY,
     READ_ERROR,
     REJECT_REASON,
     SHA256,
     SOURCE_PATH,
     STATUS,
+    WIDTH,
 )
 from pipeline.errors import SpecError
+from pipeline.keys import PartitionKeys
 from pipeline.media.clips import detect_spans
 from pipeline.output.sinks.clips import ClipDatasink
 from pipeline.records import ErrorReason, RowError
-from pipeline.spec import ClipsSpec, VideoSpec, parse_spec
+from pipeline.spec import ClipsSpec, DecodeSpec, VideoSpec, parse_spec
 from pipeline.steps.clips import ClipEncodeStep, ClipSplitStep, remove_clip_files
 from pipeline.steps.video import VideoDecodeStep
+from tests.dedup.reencode import save_frame
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 VIDEOS = DATA / "videos"
@@ -119,6 +128,50 @@ def test_clip_rows_decode_only_their_span_and_encode_to_their_span(tmp_path):
     assert batch[CLIP_FILE] == [None] * len(files) and not any(Path(f).exists() for f in files)
 
 
+def test_one_pass_decodes_each_clip_once_and_writes_the_same_clips(tmp_path, monkeypatch):
+    """VideoDecodeStep with a clip encoder (a libx264 job): one decode per clip row feeds
+    the sampled frames and the clip file; frames, timestamps and clip files match the two
+    passes of VideoDecodeStep then ClipEncodeStep."""
+    import pipeline.media.video as media_video
+
+    video = VideoSpec(sampling="fps", fps=2.0, clips=FIXED)
+    (tmp_path / "two").mkdir()
+    (tmp_path / "one").mkdir()
+    two = ClipEncodeStep(FIXED, str(tmp_path / "two"))(
+        VideoDecodeStep(video)(ClipSplitStep(FIXED)(video_batch([CHAPLIN, NASA]))))
+    opened: list[str] = []
+    decoder = media_video._Decoder
+
+    class Counting(decoder):
+        def __init__(self, path, *args, **kwargs):
+            opened.append(path)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(media_video, "_Decoder", Counting)
+    step = VideoDecodeStep(video, clip_encoder=ClipEncodeStep(FIXED, str(tmp_path / "one")))
+    assert {CLIP_FILE, CLIP_BYTES, SHA256}.issubset(step.writes) and CLIP_SPAN in step.reads
+    one = step(ClipSplitStep(FIXED)(video_batch([CHAPLIN, NASA])))
+    n = len(one[STATUS])
+    assert set(one[STATUS]) == {"ok"} and n == len(two[STATUS]) == 6 and len(opened) == n
+    assert one[FRAME_TIMESTAMPS_S] == two[FRAME_TIMESTAMPS_S]
+    assert all((a == b).all() for fa, fb in zip(one[FRAMES], two[FRAMES])
+               for a, b in zip(fa, fb))
+    for i in range(n):
+        assert one[CLIP_BYTES][i] == Path(one[CLIP_FILE][i]).stat().st_size
+        with av.open(one[CLIP_FILE][i]) as c, av.open(two[CLIP_FILE][i]) as d:
+            got = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+            want = [f.to_ndarray(format="rgb24") for f in d.decode(video=0)]
+        assert len(got) == len(want) and abs(len(got) - one[CLIP_FRAMES][i]) <= 1
+        assert all((a == b).all() for a, b in zip(got, want))
+    assert one[SHA256] == two[SHA256]      # byte-identical clip files
+    with pytest.raises(ValueError, match="clip_encoder must re-encode"):
+        VideoDecodeStep(video, clip_encoder=ClipEncodeStep(
+            ClipsSpec(method="fixed", clip_s=4.0, transcode={"codec": "copy"})))
+    remove_clip_files(one)
+    remove_clip_files(two)
+    assert not list((tmp_path / "one").iterdir()) and not list((tmp_path / "two").iterdir())
+
+
 def test_the_clip_datasink_writes_ok_clips_under_the_attempt_and_sets_clip_path(tmp_path):
     batch = ClipEncodeStep(FIXED, str(tmp_path))(ClipSplitStep(FIXED)(video_batch([CHAPLIN])))
     batch[STATUS][1] = "rejected"
@@ -150,6 +203,61 @@ def test_clips_spec_refuses_bad_lengths_and_an_image_job():
     with pytest.raises(SpecError, match="video.clips.transcode.enabled: needs"):
         parse_spec({"source": {"kind": "files", "uri": "in", "media": "video"},
                     "sink": {"uri": "out"}, "video": {"clips": {"transcode": {"enabled": True}}}})
+
+
+def keyed(batch: dict, keys: list[str]) -> dict:
+    """``batch`` with its rows' keys replaced by ``keys`` (as a datasource gave them)."""
+    return {**batch, KEY: keys}
+
+
+def test_a_clip_key_never_takes_another_inputs_key_in_the_partition():
+    """Video ``a`` gives clips ``a/0``..``a/2``; another input of the same partition whose
+    key is literally ``a/0`` (a file ``a/0.jpg`` beside ``a.mp4``) passes through the
+    splitter as one row: whichever comes second gets ``%2A1``, in one batch or across the
+    attempt's batches (one ``PartitionKeys`` per attempt)."""
+    step = ClipSplitStep(FIXED)
+    rows = step(keyed(video_batch([CHAPLIN, None]), ["a", "a/0"]))
+    assert rows[KEY] == ["a/0", "a/1", "a/2", "a/0%2A1"]
+    assert rows[PARENT_KEY] == ["a", "a", "a", None]
+
+    keys, counts = PartitionKeys(), []
+    first = [b for b in step.split(keyed(video_batch([None]), ["a/0"]), counts, keys)]
+    later = [b for b in step.split(keyed(video_batch([CHAPLIN]), ["a"]), counts, keys)]
+    assert [k for b in first + later for k in b[KEY]] == ["a/0", "a/0%2A1", "a/1", "a/2"]
+    assert counts == [1, 3]
+    # without the attempt's keys each batch is on its own (tests, plain loops)
+    alone = [k for b in step.split(keyed(video_batch([CHAPLIN]), ["a"]), []) for k in b[KEY]]
+    assert alone == ["a/0", "a/1", "a/2"]
+
+
+def test_a_still_image_in_a_video_job_is_one_row_with_one_frame_and_no_clip(tmp_path):
+    """A video job that lists image extensions: the splitter passes a JPEG through, the
+    decoder makes it a one-frame row (image decoder), the clip encoder leaves it alone."""
+    still = save_frame(CHAPLIN, 5.0, tmp_path / "still.jpg")
+    counts: list[int] = []
+    batch = video_batch([CHAPLIN, still])
+    (rows,) = list(ClipSplitStep(FIXED, images=True).split(batch, counts))
+    assert counts == [3, 1] and rows[KEY][-1] == "still" and rows[CLIP_SPAN][-1] is None
+    video = VideoSpec(sampling="fps", fps=2.0, clips=FIXED)
+    rows = VideoDecodeStep(video, images=DecodeSpec())(rows)
+    rows = ClipEncodeStep(FIXED, str(tmp_path))(rows)
+    assert rows[STATUS] == ["ok"] * 4
+    assert (rows[FRAME_COUNT][-1], rows[DURATION_S][-1], rows[FPS][-1]) == (1, 0.0, None)
+    assert [f.shape for f in rows[FRAMES][-1]] == [(360, 640, 3)]
+    assert (rows[WIDTH][-1], rows[HEIGHT][-1], rows[MIME][-1]) == (640, 360, "image/jpeg")
+    assert rows[SHA256][-1] == hashlib.sha256(still.read_bytes()).hexdigest()
+    assert rows[CLIP_FILE][-1] is None and rows[CLIP_BYTES][-1] is None
+    assert all(rows[CLIP_FILE][:3]) and rows[FRAME_COUNT][0] > 1
+    remove_clip_files(rows)
+    # the job holds images when a video job's extensions list an image extension
+    source = {"kind": "files", "uri": "in", "media": "video"}
+    holds = [parse_spec({"source": {**source, **extra}, "sink": {"uri": "out"}}
+                        ).source.holds_images
+             for extra in ({"extensions": [".mp4", "JPG"]}, {}, {"media": "image"})]
+    assert holds == [True, False, False]
+    # without images=True the JPEG goes to PyAV as a video (confinement refuses it)
+    plain = VideoDecodeStep(video)(video_batch([still]))
+    assert plain[STATUS] == ["error"], plain[ERROR]
 
 
 def test_the_split_streams_a_video_at_a_time(monkeypatch):
