@@ -251,6 +251,7 @@ def test_two_equal_jobs_share_a_cluster_within_2x(wide_head, tmp_path):
             assert not grew, (n, grew, timeline)
 
 
+@pytest.mark.slow   # timing-sensitive: on a loaded 2-core machine job a may end before b asks
 def test_a_job_that_grew_first_sheds_down_to_its_share_for_a_later_one(wide_head, tmp_path):
     """Job a starts alone on 6 CPUs and grows into all of them (5 PartitionWorkers); job b
     started once a commits its first partition waits for its minimum only until a lets
@@ -261,8 +262,12 @@ def test_a_job_that_grew_first_sheds_down_to_its_share_for_a_later_one(wide_head
     procs = {"a": _run(wide_head, tmp_path / "out-a", tmp_path / "a.json", logs["a"],
                        "name=greedy", *sets)}
     deadline = time.time() + 180
-    while not list((tmp_path / "out-a" / "_checkpoints").glob("p-*.json")):
-        assert procs["a"].poll() is None and time.time() < deadline, "job a never committed"
+    # b starts once a has committed a partition AND grown into the whole head (no CPU
+    # free), so what a must give back does not depend on how fast this machine is
+    while not (list((tmp_path / "out-a" / "_checkpoints").glob("p-*.json"))
+               and _probe(wide_head)["free_cpu"] == 0):
+        assert procs["a"].poll() is None and time.time() < deadline, \
+            "job a never committed or never grew into the whole head"
         time.sleep(0.5)
     b_start = time.time()
     procs["b"] = _run(wide_head, tmp_path / "out-b", tmp_path / "b.json", logs["b"],
@@ -279,7 +284,9 @@ def test_a_job_that_grew_first_sheds_down_to_its_share_for_a_later_one(wide_head
     shed = _stamps(texts["a"], r"goes: beyond this job's fair share")
     marks = _markers(tmp_path / "out-a")
     a_end = max(f for _, f in marks)
-    (b_admitted,) = _stamps(texts["b"], r"admitted after waiting")
+    waits = _stamps(texts["b"], r"admitted after waiting")
+    assert len(waits) == 1, ("job b was not admitted after waiting", texts["b"][-3000:])
+    b_admitted = waits[0]
     print("shed timeline:", json.dumps({
         "a_grew_to": len(set(re.findall(r"PartitionWorker-(\d+)", texts["a"]))),
         "a_shed_at": shed, "b_admission_wait_s": done["b"]["admission_wait_s"],
@@ -288,4 +295,5 @@ def test_a_job_that_grew_first_sheds_down_to_its_share_for_a_later_one(wide_head
     # a let 3 growth workers go: 2 CPUs for b's minimum, then 1 to leave b its share
     assert len(shed) == 3 and all(t > b_start for t in shed), texts["a"][-3000:]
     # b was admitted while a still had work: a gave growth back, b did not wait for its end
-    assert b_admitted < a_end - 2 and done["b"]["admission_wait_s"] < 15, (b_admitted, a_end)
+    assert shed[0] <= b_admitted < a_end and done["b"]["admission_wait_s"] < 15, \
+        (shed, b_admitted, a_end)
