@@ -18,12 +18,12 @@ import bisect
 import dataclasses
 import itertools
 import math
-import os
 
 import numpy as np
 
 from pipeline.errors import RecordError
-from pipeline.media.video import _Decoder, _Limits, av_module, open_video, video_stream
+from pipeline.media.video import (_Decoder, _Limits, av_module, check_video_file, open_video,
+                                  video_stream)
 from pipeline.records import ErrorReason
 from pipeline.spec import VideoSpec
 
@@ -83,15 +83,6 @@ def _detector(name: str, threshold: float | None):
     raise ValueError(f"detector must be one of {DETECTORS}, got {name!r}")
 
 
-def _check_file(path: str) -> None:
-    try:
-        size = os.stat(path).st_size
-    except OSError as e:
-        raise RecordError(ErrorReason.READ_FAILED.value, f"{type(e).__name__}: {e}") from e
-    if size == 0:
-        raise RecordError(ErrorReason.EMPTY_FILE.value, f"{path} has 0 bytes")
-
-
 def detect_cuts(path: str, *, detector: str = "content", threshold: float | None = None,
                 allow_playlists: bool = False, video: VideoSpec | None = None) -> Timeline:
     """Decode every frame of ``path`` and run a PySceneDetect detector over them.
@@ -104,7 +95,7 @@ def detect_cuts(path: str, *, detector: str = "content", threshold: float | None
     unknown ``detector``.
     """
     det = _detector(detector, threshold)
-    _check_file(path)
+    check_video_file(path)
     limits = _Limits.of(video or VideoSpec())
     dec = _Decoder(path, 10_000_000, limits.max_decode_s, limits, allow_playlists)
     times: list[float] = []
@@ -148,7 +139,7 @@ def list_frames(path: str, *, allow_playlists: bool = False) -> Timeline:
     """The ``Timeline`` of ``path`` from a demux-only pass (no decode): one frame per video
     packet with a pts, in presentation order. Raises ``RecordError`` as ``detect_cuts``."""
     av = av_module()
-    _check_file(path)
+    check_video_file(path)
     opened = open_video(path, allow_playlists)
     try:
         stream = video_stream(opened.container, path)

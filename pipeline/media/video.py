@@ -620,6 +620,17 @@ def _container_name(container, path: str) -> str:
     return names[0]
 
 
+def check_video_file(path: str) -> None:
+    """Raise ``RecordError`` ``read_failed`` when ``path`` cannot be stat'ed, ``empty_file``
+    when it has 0 bytes; the first check of every pass over a video file."""
+    try:
+        size = os.stat(path).st_size
+    except OSError as e:
+        raise RecordError(ErrorReason.READ_FAILED.value, f"{type(e).__name__}: {e}") from e
+    if size == 0:
+        raise RecordError(ErrorReason.EMPTY_FILE.value, f"{path} has 0 bytes")
+
+
 def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
                  budget_s: float = DECODE_BUDGET_S,
                  frame_budget_bytes: int | None = None,
@@ -649,12 +660,7 @@ def decode_video(path: str, spec: VideoSpec, *, max_packets: int = MAX_PACKETS,
     ``media.clip_encode.ClipEncoder``); its errors propagate, and its time counts
     towards ``spec.max_decode_s``.
     """
-    try:
-        size = os.stat(path).st_size
-    except OSError as e:
-        raise RecordError(ErrorReason.READ_FAILED.value, f"{type(e).__name__}: {e}") from e
-    if size == 0:
-        raise RecordError(ErrorReason.EMPTY_FILE.value, f"{path} has 0 bytes")
+    check_video_file(path)
     _check_window(start_s, end_s)
     lo = -np.inf if start_s is None else start_s - WINDOW_EPS_S
     hi = np.inf if end_s is None else end_s - WINDOW_EPS_S
