@@ -54,6 +54,19 @@ def _run(head, out, report, log, *sets: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
+def _finish(procs, logs, reports, timeout: float) -> tuple[dict, dict]:
+    """Wait for every job, read its log, require exit 0; its log text and report by name."""
+    texts = {}
+    for n, proc in procs.items():
+        proc.wait(timeout=timeout)
+        logs[n].seek(0)
+        texts[n] = logs[n].read()
+        logs[n].close()
+    for n, proc in procs.items():
+        assert proc.returncode == 0, texts[n][-4000:]
+    return texts, {n: json.loads(reports[n].read_text()) for n in procs}
+
+
 def _probe(head) -> dict:
     done = subprocess.run([sys.executable, "-c", PROBE, head.gcs_address], cwd=REPO,
                           env=head.client_env(), capture_output=True, text=True, timeout=60)
@@ -91,15 +104,7 @@ def test_two_jobs_on_a_two_cpu_head_both_complete_one_after_waiting(head, tmp_pa
     procs = {n: _run(head, tmp_path / f"out-{n}", reports[n], logs[n], f"name=gang{n}")
              for n in names}
     status = _waiting_status(tmp_path, names, procs)
-    texts = {}
-    for n in names:
-        procs[n].wait(timeout=400)
-        logs[n].seek(0)
-        texts[n] = logs[n].read()
-        logs[n].close()
-    for n in names:
-        assert procs[n].returncode == 0, texts[n][-4000:]
-    done = {n: json.loads(reports[n].read_text()) for n in names}
+    texts, done = _finish(procs, logs, reports, timeout=400)
     for d in done.values():
         assert d["complete"] and d["rows_out"] == 57
         assert [p["stage"] for p in d["model_pools"]] == ["text_embedding"]
@@ -212,15 +217,7 @@ def test_two_equal_jobs_share_a_cluster_within_2x(wide_head, tmp_path):
     manifest = _many_photos(tmp_path)
     procs = {n: _run(wide_head, tmp_path / f"out-{n}", reports[n], logs[n], f"name=fair{n}",
                      f"source.uri={manifest}", "source.partition_size=16") for n in names}
-    texts = {}
-    for n in names:
-        procs[n].wait(timeout=300)
-        logs[n].seek(0)
-        texts[n] = logs[n].read()
-        logs[n].close()
-    for n in names:
-        assert procs[n].returncode == 0, texts[n][-4000:]
-    done = {n: json.loads(reports[n].read_text()) for n in names}
+    texts, done = _finish(procs, logs, reports, timeout=300)
     for d in done.values():
         assert d["complete"] and d["rows_out"] == 57 * COPIES and d["partitions_total"] == 29
     marks = {n: _markers(tmp_path / f"out-{n}") for n in names}
@@ -272,14 +269,8 @@ def test_a_job_that_grew_first_sheds_down_to_its_share_for_a_later_one(wide_head
     b_start = time.time()
     procs["b"] = _run(wide_head, tmp_path / "out-b", tmp_path / "b.json", logs["b"],
                       "name=late", *sets)
-    texts = {}
-    for n in "ab":
-        procs[n].wait(timeout=300)
-        logs[n].seek(0)
-        texts[n] = logs[n].read()
-        logs[n].close()
-        assert procs[n].returncode == 0, texts[n][-4000:]
-    done = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab"}
+    texts, done = _finish(procs, logs, {n: tmp_path / f"{n}.json" for n in "ab"},
+                          timeout=300)
     assert all(d["complete"] and d["rows_out"] == 57 * 16 for d in done.values())
     shed = _stamps(texts["a"], r"goes: beyond this job's fair share")
     marks = _markers(tmp_path / "out-a")
