@@ -11,7 +11,7 @@
 #   disagree with torch's): Ubuntu 22.04 (glibc 2.35, manylinux_2_28 wheels), Python 3.11
 #   (the cp311 wheels of the lock), Ray 2.60.0 as pyproject.toml pins it.
 # - VARIANT=cpu takes torch==2.13.0+cpu from PyTorch's CPU index (no CUDA wheels).
-# The base is pinned by digest: RAY_BASE_DIGEST=sha256:... is required (step 0; README:
+# The base is pinned by digest: RAY_BASE_DIGEST=sha256:... is required (step 0; docs/cluster.md:
 #   "Deploy on Kubernetes"; docker buildx imagetools inspect rayproject/ray:2.60.0-py311-cpu).
 # Supply chain (deploy/README.md, "Building the image"): the BuildKit frontend above is pinned
 #   by version and digest; every locked package is installed by hash (--require-hashes); the

@@ -1,24 +1,30 @@
-"""README.md's commands, run as written (issue 16: every README command works on a fresh
-machine, without activating the virtual environment).
+"""The commands of README.md and the user guide in docs/, run as written: every command works
+on a fresh machine, without activating the virtual environment.
 
-Every fenced ``bash`` block is cut into commands (a line with its ``\\`` continuations;
-comments stay, bash drops them); every ``python`` block is one snippet, run with
-``.venv/bin/python``. They run in README order in a scratch checkout: the repository's
-top-level entries symlinked into a temporary directory (so a relative output such as
-``output/quickstart`` lands there), HOME isolated, no ``RAY_*`` variables, a PATH without
+The documents are README.md, then docs/README.md (the contents page), then every page the
+contents page links, in its order: one sequence, so a command on a later page may read the
+output of a job on an earlier one. Every fenced ``bash`` block is cut into commands (a line
+with its ``\\`` continuations; comments stay, bash drops them); every ``python`` block is one
+snippet, run with ``.venv/bin/python``. They run in that order in a scratch checkout: the
+repository's top-level entries symlinked into a temporary directory (so a relative output such
+as ``output/quickstart`` lands there), HOME isolated, no ``RAY_*`` variables, a PATH without
 the virtual environment, and absolute ``/tmp/`` paths moved into the scratch directory.
 ``make`` runs with ``-o .venv/.mmpipe-runtime -o .venv/.mmpipe-installed`` (the venv this
-suite runs in is not reinstalled).
+suite runs in is not reinstalled). A failure names the document and line
+(``docs/video.md line 40: ...``).
 
 - ``SKIPPED``: commands that cannot run here, by how they start, with the reason; the
-  tests assert that every entry still matches a README command.
-- Job commands (``JOB``: they start Ray and run a whole job, 30-60 s each on 2 cores)
-  run in the default suite only when a later command reads their output (today: ``make
-  quickstart``, which also runs ``mmpipe status``, read by the README's Python snippet;
-  about 35-50 s; and ``examples/video_clips.yaml`` with its tiny models, read back by the
-  "Video clips" snippet, about 60 s); ``-m slow`` runs every command (about 8 minutes on
-  2 cores).
+  tests assert that every entry still matches a command of some document.
+- Job commands (``JOB``: they start Ray or worker processes and run a whole job, 30-60 s each
+  on 2 cores) run in the default suite only when a later command reads their output (today:
+  ``make quickstart``, which also runs ``mmpipe status``, read by the README's Python snippet
+  and docs/output.md's Delta snippet; the clips job of docs/video.md with its tiny models; the
+  quality job read by ``mmpipe calibrate``; the dedup job read by its snippet; and every
+  ``make_tiny_models.py`` that a later job's spec reads); ``-m slow`` runs every command
+  (about 8 minutes on 2 cores).
 - Every other command (``validate``, ``status``, ``ls``, ``spec``, Python snippets) always runs.
+- The README stays a front door (at most 250 lines), every page of docs/ is on the contents
+  page, relative links resolve (files and ``#anchors``), and no document cites issue numbers.
 """
 
 from __future__ import annotations
@@ -71,11 +77,17 @@ OUTPUT = re.compile(r"\boutput/[\w.-]+")
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """One README command: ``language`` (``bash`` or ``python``), its text, its line."""
+    """One documented command: ``language`` (``bash`` or ``python``), its text, its line, and
+    the document it came from (relative to the repository: ``README.md``, ``docs/video.md``)."""
 
     language: str
     text: str
     line: int
+    file: str = "README.md"
+
+    @property
+    def where(self) -> str:
+        return f"{self.file} line {self.line}"
 
     @property
     def skip_reason(self) -> str | None:
@@ -120,25 +132,57 @@ def make_recipe(target: str) -> str:
     return match.group(1) if match else ""
 
 
-def readme_commands() -> list[Command]:
-    """Every command of README.md's ``bash`` and ``python`` fenced blocks, in order."""
+DOCS = REPO / "docs"
+CONTENTS = DOCS / "README.md"
+README_MAX_LINES = 250
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def _relative_links(markdown: str) -> list[str]:
+    """The targets of a document's Markdown links outside code (fenced blocks, inline code),
+    but external ones (``http(s)://``, ``mailto:``)."""
+    text = re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [t for t in LINK.findall(text) if not re.match(r"[a-z][a-z+.-]*:", t)]
+
+
+def documents() -> list[Path]:
+    """README.md, the contents page, then the docs/ pages the contents page links, in its order
+    (each once)."""
+    pages = []
+    for target in _relative_links(CONTENTS.read_text()):
+        path = Path(os.path.normpath(DOCS / target.split("#")[0]))
+        if path.parent == DOCS and path.suffix == ".md" and path != CONTENTS and path not in pages:
+            pages.append(path)
+    return [REPO / "README.md", CONTENTS, *pages]
+
+
+def document_commands(path: Path) -> list[Command]:
+    """Every command of one document's ``bash`` and ``python`` fenced blocks, in order."""
+    name = path.relative_to(REPO).as_posix()
     out, block, language, start = [], None, "", 0
-    for n, line in enumerate((REPO / "README.md").read_text().splitlines(), 1):
+    for n, line in enumerate(path.read_text().splitlines(), 1):
         if line.startswith("```"):
             if block is None:
                 block, language, start = [], line[3:].strip(), n + 1
                 continue
             if language == "python":
-                out.append(Command("python", "\n".join(block), start))
+                out.append(Command("python", "\n".join(block), start, name))
             elif language == "bash":
-                out += _bash_commands(block, start)
+                out += _bash_commands(block, start, name)
             block = None
         elif block is not None:
             block.append(line)
     return out
 
 
-def _bash_commands(lines: list[str], start: int) -> list[Command]:
+def readme_commands() -> list[Command]:
+    """Every command of README.md and the docs/ pages, in ``documents()`` order (other tests
+    look commands up here by their text, wherever a page holds them)."""
+    return [c for doc in documents() for c in document_commands(doc)]
+
+
+def _bash_commands(lines: list[str], start: int, file: str) -> list[Command]:
     out, current, first = [], "", start
     for n, line in enumerate(lines, start):
         if not current and (not line.strip() or line.lstrip().startswith("#")):
@@ -147,7 +191,7 @@ def _bash_commands(lines: list[str], start: int) -> list[Command]:
             first = n
         current += line + "\n"
         if not line.rstrip().endswith("\\"):
-            out.append(Command("bash", current.strip(), first))
+            out.append(Command("bash", current.strip(), first, file))
             current = ""
     return out
 
@@ -193,7 +237,7 @@ def user_env(root: Path) -> dict[str, str]:
 
 
 def run_command(cmd: Command, root: Path, env: dict[str, str]) -> tuple[float, str]:
-    """Run one README command in ``root``; assert it exits 0; return (seconds, output)."""
+    """Run one documented command in ``root``; assert it exits 0; return (seconds, output)."""
     text = cmd.text.replace("/tmp/", f"{root}/tmp/")
     if cmd.language == "python":
         argv = [str(root / ".venv" / "bin" / "python"), "-c", text]
@@ -203,7 +247,7 @@ def run_command(cmd: Command, root: Path, env: dict[str, str]) -> tuple[float, s
     t0 = time.time()
     done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     took = time.time() - t0
-    assert done.returncode == 0, (f"README.md line {cmd.line}: {cmd.text}\nexit "
+    assert done.returncode == 0, (f"{cmd.where}: {cmd.text}\nexit "
                                   f"{done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return took, done.stdout + done.stderr
 
@@ -213,8 +257,9 @@ def test_readme_blocks_are_found_and_the_skip_list_is_what_is_skipped():
     assert any(c.language == "python" for c in commands)
     assert any(c.is_job for c in commands) and any(not c.is_job for c in commands)
     skipped = [c for c in commands if c.skip_reason]
-    for start in SKIPPED:      # every entry still names a README command
+    for start in SKIPPED:      # every entry still names a command of some document
         assert any(c.text.startswith(start) for c in skipped), f"stale SKIPPED entry {start!r}"
+    assert {c.file for c in commands} > {"README.md"}, "no command found in docs/"
     assert not [c for c in commands if c.skip_reason is None and c.language == "bash" and
                 re.search(r"\b(docker|kubectl|helm)\b", c.text)], \
         "a cluster command is not in SKIPPED"   # (a python snippet may copy the binaries)
@@ -224,7 +269,7 @@ def _run_all(checkout: Path, everything: bool) -> None:
     env = user_env(checkout)
     for cmd in runnable(readme_commands(), everything):
         took, _ = run_command(cmd, checkout, env)
-        print(f"README.md:{cmd.line} {took:5.1f}s  {cmd.text.splitlines()[0][:90]}")
+        print(f"{cmd.file}:{cmd.line} {took:5.1f}s  {cmd.text.splitlines()[0][:90]}")
 
 
 def test_readme_commands_run_as_written(checkout):
@@ -238,7 +283,7 @@ def test_every_readme_command_runs_as_written(checkout):
 
 
 def test_the_clip_blip_example_runs_on_its_folder_as_the_readme_says(checkout):
-    """README "Model steps": the tiny-model maker, then `mmpipe run examples/clip_blip.yaml`
+    """docs/models.md: the tiny-model maker, then `mmpipe run examples/clip_blip.yaml`
     with no override: it reads the photo folder (57 images with caption sidecars), runs
     CLIP + score filter + BLIP and the dataset-wide dedup pass."""
     commands = [c for c in readme_commands() if c.language == "bash" and (
@@ -254,3 +299,86 @@ def test_the_clip_blip_example_runs_on_its_folder_as_the_readme_says(checkout):
     assert rows and sum(map(int, rows.groups())) == 57 and rows.group(3) == "0", out
     assert re.search(r"dedup \S+: generation 1, 4 partitions \(4 new\)", out), out
     assert "duplicates: 0 (none)" in out
+
+
+def _reads(cmd: Command) -> set[str]:
+    """What a command reads, for the order check: a job only what its specs' values name
+    (``outputs_read`` also counts paths in the specs' comments, which is harmless there)."""
+    if not cmd.is_job:
+        return cmd.outputs_read()
+
+    def strings(node):
+        if isinstance(node, dict):
+            return [s for v in node.values() for s in strings(v)]
+        if isinstance(node, list):
+            return [s for v in node for s in strings(v)]
+        return [node] if isinstance(node, str) else []
+
+    read = set()
+    for spec in re.findall(r"examples/[\w.-]+\.yaml", cmd.text):
+        values = yaml.safe_load((REPO / spec).read_text())
+        read |= {p for v in strings(values) for p in OUTPUT.findall(v)} - {values["sink"]["uri"]}
+    return read
+
+
+def test_no_command_reads_an_output_a_later_job_writes():
+    """The order of the documents matters: a command that reads ``output/X`` (a snippet, a
+    ``mmpipe status``, a spec naming ``output/tiny-models``) comes after the job that writes it,
+    never before (in the default suite, that job would then not run before it)."""
+    commands = runnable(readme_commands(), everything=True)
+    for i, cmd in enumerate(commands):
+        earlier = set().union(*(c.outputs_written() for c in commands[:i] if c.is_job))
+        later = set().union(*(c.outputs_written() for c in commands[i + 1:] if c.is_job))
+        early = {p for p in _reads(cmd) if p in later and p not in earlier}
+        assert not early, f"{cmd.where} reads {sorted(early)} before the job that writes it"
+
+
+def test_the_readme_is_a_front_door():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move details to docs/")
+    assert lines[2:6] == ["```bash", lines[3], lines[4], "```"] and \
+        lines[3].startswith("make quickstart") and lines[4].startswith("make test"), lines[:6]
+
+
+def test_every_docs_page_is_on_the_contents_page():
+    listed = set(documents())
+    unlisted = [p.name for p in sorted(DOCS.glob("*.md")) if p not in listed]
+    assert not unlisted, f"docs/README.md does not link {unlisted}"
+
+
+def test_no_document_cites_issue_numbers():
+    for doc in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            assert not re.search(r"\b[Ii]ssues? #?\d+", line), \
+                f"{doc.relative_to(REPO)} line {n}: {line.strip()}"
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a document's headings (lower case, punctuation but ``-`` and
+    ``_`` dropped, spaces to ``-``, a repeat suffixed ``-1``, ``-2``, ...)."""
+    text = re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S)
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
+def test_relative_links_resolve():
+    """Every relative link of README.md and docs/ names a file that exists and, with a
+    ``#anchor``, a heading of that Markdown file."""
+    broken = []
+    for doc in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for target in _relative_links(doc.read_text()):
+            path, _, anchor = target.partition("#")
+            dest = Path(os.path.normpath(doc.parent / path)) if path else doc
+            if not dest.exists():
+                broken.append(f"{doc.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in github_anchors(dest.read_text()):
+                broken.append(f"{doc.relative_to(REPO)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)

@@ -276,7 +276,7 @@ def publish_duplicates(root: str, rel: str) -> int:
     ``root``, under ``_dedup/duplicates/``) as the whole duplicates table (one overwrite
     commit; none if it is the table already); returns its version. The deduplicated view
     is the data table's ``status == "ok"`` rows without a match on ``(partition_id,
-    key)`` in it (an anti-join, README "Output")."""
+    key)`` in it (an anti-join, docs/output.md "Delta Lake tables")."""
     base = fs.join(fs.normalize(root), DUPLICATES_DIR)
     table = open_table(base)
     if table is not None and _paths(table) == [posixpath.relpath(rel, DUPLICATES_DIR)]:

@@ -237,7 +237,8 @@ def test_the_driver_floor_is_anded_into_the_groups_own_affinity(helm_bin, tmp_pa
 def test_the_gpu_values_use_the_tag_the_dockerfile_and_readme_build():
     dockerfile = (REPO / "Dockerfile").read_text()
     assert re.search(r"^ARG VARIANT=gpu$", dockerfile, re.MULTILINE)   # GPU: the default build
-    builds = [c for c in shell_commands((REPO / "README.md").read_text())
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]  # the user guide too
+    builds = [c for doc in docs for c in shell_commands(doc.read_text())
               if c.startswith("docker build")]
     default_tags = {m.group(1) for c in builds if "VARIANT=" not in c
                     for m in [re.search(r"-t \S+/mmpipe:(\S+)", c)] if m}
@@ -283,7 +284,8 @@ def test_every_chart_readme_install_overrides_the_image_and_uses_ray_resources()
         assert "--set image.repository=" in command and "--set image.tag=" in command, command
     # custom Ray resources: rayResources; rayStartParams.resources only as what is refused
     assert "Custom Ray resources of a group go in its `rayResources`" in " ".join(readme.split())
-    for doc in (readme, (CHART / "values.yaml").read_text(), (REPO / "README.md").read_text()):
+    guide = [p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]]
+    for doc in (readme, (CHART / "values.yaml").read_text(), *guide):
         for sentence in re.split(r"(?<=\.)\s", doc):
             if "rayStartParams.resources" in sentence:
                 assert re.search(r"\bnot\b|refuse|reject", sentence), sentence
