@@ -21,7 +21,7 @@ from pathlib import Path
 
 SCHEMA = Path(__file__).resolve().parent / "mmpipe" / "values.schema.json"
 DESCRIPTION = ("The mmpipe job spec (JobSpec YAML), checked at install against the schema "
-               "generated from pipeline/spec.py (helm/sync_jobspec_schema.py).")
+               "generated from pipeline/spec/ (helm/sync_jobspec_schema.py).")
 
 
 def synced(values_schema: dict) -> dict:

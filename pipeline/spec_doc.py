@@ -76,9 +76,9 @@ def markdown() -> str:
     out = [
         "# Job spec reference",
         "",
-        "<!-- Generated from pipeline/spec.py by `python -m pipeline.spec_doc`; do not edit. -->",
+        "<!-- Generated from pipeline/spec/ by `python -m pipeline.spec_doc`; do not edit. -->",
         "",
-        "A job is one YAML file validated by the pydantic models in `pipeline/spec.py` "
+        "A job is one YAML file validated by the pydantic models in `pipeline/spec/` "
         "(`JobSpec`). Unknown fields are errors; so are `source` fields that the chosen "
         "`source.kind` does not use (see [which source fields apply to which "
         "kind](#which-source-fields-apply-to-which-kind)). `mmpipe validate SPEC` checks a "

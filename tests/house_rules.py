@@ -6,7 +6,9 @@ imports and rule breaks, each offending import on its own line, and exits 1 if a
 function) and ``TYPE_CHECKING`` ones included: a lazy import does not make a circle go
 away.
 
-Rooms and their floors (a module may import its own room and rooms on lower floors):
+Rooms and their floors (a module may import its own room and rooms on lower floors; a
+room is a top-level module or package of ``pipeline/``, so every module of the package
+``pipeline/spec/`` is the room ``spec``):
 
   0  ground    columns, records, errors, keys, text, spec, spec_doc, contracts, stats,
                plugins

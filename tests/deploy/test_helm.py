@@ -418,7 +418,7 @@ def test_ingress_and_networkpolicy(helm_bin):
 
 
 def test_values_schema_embeds_the_current_job_spec_schema():
-    """values.schema.json's job spec schema is the one pipeline/spec.py generates now
+    """values.schema.json's job spec schema is the one pipeline/spec/ generates now
     (refresh: .venv/bin/python helm/sync_jobspec_schema.py)."""
     sync = _load_sync()
     current = (CHART / "values.schema.json").read_text()
