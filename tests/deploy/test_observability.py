@@ -42,8 +42,14 @@ def promtool_binary(cache_dir: Path) -> Path:
     if os.environ.get("MMPIPE_PROMTOOL"):
         return Path(os.environ["MMPIPE_PROMTOOL"])
     target = cache_dir / "promtool-debian" / "promtool"
-    if target.exists():
-        return target
+    with chart_check.extract_lock(cache_dir, "promtool"):
+        if not target.exists():
+            _download_promtool(cache_dir, target)
+    return target
+
+
+def _download_promtool(cache_dir: Path, target: Path) -> None:
+    """``apt-get download prometheus`` and ``dpkg-deb -x`` its promtool to ``target``."""
     if not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
         pytest.skip("promtool comes from Debian's prometheus package: no apt-get/dpkg-deb here "
                     "(or set MMPIPE_PROMTOOL)")
@@ -73,7 +79,6 @@ def promtool_binary(cache_dir: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     (extract / "usr" / "bin" / "promtool").replace(target)
     shutil.rmtree(work, ignore_errors=True)
-    return target
 
 
 @pytest.fixture(scope="session")
