@@ -18,6 +18,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Keep every Ray that the tests start (and the subprocesses they run) on 127.0.0.1: on Linux
 # Ray otherwise binds its node to the machine's routable address.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# An in-process driver (the session's ray_local) prints Ray's autoscaler events, such as
+# "(autoscaler +14m) Tip: use `ray status`", to this process's stdout, where tests that read
+# their own stdout (capsys) would see them.
+os.environ.setdefault("RAY_SCHEDULER_EVENTS", "0")
 
 
 def coco_captions() -> list[dict]:

@@ -69,7 +69,8 @@ def _finish(procs, logs, reports, timeout: float) -> tuple[dict, dict]:
 
 def _probe(head) -> dict:
     done = subprocess.run([sys.executable, "-c", PROBE, head.gcs_address], cwd=REPO,
-                          env=head.client_env(), capture_output=True, text=True, timeout=60)
+                          env={**head.client_env(), "RAY_SCHEDULER_EVENTS": "0"},
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
