@@ -44,8 +44,11 @@ quickstart: $(RUNTIME)
 	HF_HUB_OFFLINE=1 $(BIN)/mmpipe run examples/quickstart.yaml
 	$(BIN)/mmpipe status output/quickstart
 
+# the default suite on PYTEST_WORKERS pytest-xdist processes (each test file on one of them:
+# module-scoped fixtures run once); PYTEST_WORKERS=0 runs it in this process
+PYTEST_WORKERS ?= 2
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf output bench/out

@@ -61,8 +61,8 @@ def image_extensions() -> tuple[str, ...]:
 
 
 _USES_DOC = ("`module:Class`, `module.Class`, or the name of an entry point that an "
-             "installed package registers under `mmpipe.{group}` (README, \"Extending with "
-             "your own package\"). Its package must be installed where the workers run.")
+             "installed package registers under `mmpipe.{group}` (docs/extending.md). Its "
+             "package must be installed where the workers run.")
 _WITH_DOC = ("Keyword arguments of the class's constructor (JSON values); all of them, "
              "and the version of the package that provides the class, go into the "
              "fingerprint.")

@@ -18,13 +18,17 @@ PARTITIONS = 19  # 57 photos / partition_size 3
 
 
 def mmpipe_run(out: str, home: Path, extra_env: dict | None = None, input_uri: str | None = None,
-               report: Path | None = None, **popen) -> subprocess.Popen:
-    """Start the quickstart job (19 partitions of 3, one worker) writing to ``out``."""
+               report: Path | None = None, sets: tuple[str, ...] = (),
+               **popen) -> subprocess.Popen:
+    """Start the quickstart job (19 partitions of 3, one worker) writing to ``out``, with
+    ``sets`` as further ``--set KEY=VALUE`` overrides."""
     cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml",
            "--address", "local",                 # a new local Ray even if others are running
            "--executor", "ray",                  # the Ray path (worker processes: test_process_executor)
            "--output", out, "--set", "source.partition_size=3",
            "--set", "runtime.num_workers=1", "--set", "runtime.batch_size=3"]
+    for item in sets:
+        cmd += ["--set", item]
     if input_uri:
         cmd += ["--input", input_uri]
     if report:
