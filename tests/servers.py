@@ -26,12 +26,18 @@ class FaultProxy:
     (503 SlowDown, not forwarded), ``reset`` (connection reset, not forwarded), ``drop``
     (forwarded, then the response is replaced by a reset), ``delay`` (forwarded after
     ``delay_s``). ``counts`` records what happened; the random stream is seeded.
+    ``throttle_every_other``: ``(method, path fragment)``; matching requests are answered
+    503 SlowDown and forwarded in turn (the first one throttled). With ``("HEAD", key)``
+    every read of that object (pyarrow sends one HEAD, then GETs) is throttled once and
+    then served on its retry, each replayed attempt's read included.
     """
 
     def __init__(self, upstream_port: int, fault_rate: float = 0.1, seed: int = 7,
                  modes: tuple[str, ...] = ("slowdown", "reset", "drop", "delay"),
-                 delay_s: float = 0.3):
+                 delay_s: float = 0.3,
+                 throttle_every_other: tuple[str, str] | None = None):
         self.upstream_port = upstream_port
+        self.throttle_every_other, self.alternate_seen = throttle_every_other, 0
         self.fault_rate, self.modes, self.delay_s = fault_rate, modes, delay_s
         self.rng = random.Random(seed)
         self.counts = {"requests": 0, **{m: 0 for m in modes}}
@@ -105,6 +111,11 @@ class FaultProxy:
         mode = self.rng.choice(self.modes) if self.rng.random() < self.fault_rate else None
         if mode:
             self.counts[mode] += 1
+        method, path, *_ = request.split(b"\r\n", 1)[0].decode("latin-1").split(" ") + ["", ""]
+        if self.throttle_every_other and method == self.throttle_every_other[0] \
+                and self.throttle_every_other[1] in path:
+            self.alternate_seen += 1
+            mode = "slowdown" if self.alternate_seen % 2 else None
         if time.monotonic() < self.outage_until:
             mode = "slowdown"
             self.outage_answers.append(time.monotonic())

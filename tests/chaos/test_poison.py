@@ -1,22 +1,31 @@
 """A poison partition whose every attempt kills its worker process: reported failed after
-``max_attempts``, the rest committed, non-zero exit; a rerun retries only that partition."""
+``max_attempts``, the rest committed, non-zero exit; a rerun retries only that partition.
+
+No model stage (``NO_MODEL``): the claim is about partition workers dying, not embeddings.
+The poisoned run is ``mmpipe run`` (its exit code is part of the claim); the rerun is the
+same job in this process on the session's Ray (``ray_local``): what it runs, not the CLI."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 
 from pipeline.output.checkpoint import CheckpointStore
-from tests.e2e.jobs import PARTITIONS, markers, mmpipe_run
+from pipeline.runtime.driver import run_job
+from pipeline.spec.load import load_spec
+from tests.conftest import REPO
+from tests.e2e.jobs import NO_MODEL, PARTITIONS, markers, mmpipe_run
 
 
-def test_poison_partition_then_rerun(tmp_path):
+def test_poison_partition_then_rerun(ray_local, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     out = str(tmp_path / "out")
     report_path = tmp_path / "report.json"
     proc = mmpipe_run(out, home, {"MMPIPE_CHAOS_KILL_WORKER_ON": "p-000004"}, None, report_path,
-                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                      sets=NO_MODEL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                      text=True)
     log, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, log
     assert "FAILED p-000004" in log
@@ -29,14 +38,14 @@ def test_poison_partition_then_rerun(tmp_path):
     assert failure["attempts"] == report["attempts"]["p-000004"]
     committed_before = markers(out)
 
-    rerun = tmp_path / "rerun.json"
-    proc = mmpipe_run(out, home, None, None, rerun, stdout=subprocess.PIPE,
-                      stderr=subprocess.STDOUT, text=True)
-    log, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, log
-    again = json.loads(rerun.read_text())
-    assert again["partitions_committed"] == ["p-000004"]
-    assert len(again["partitions_skipped"]) == PARTITIONS - 1
+    # the same job again (mmpipe_run's settings), without the fault
+    overrides = ["source.partition_size=3", "runtime.num_workers=1", "runtime.batch_size=3",
+                 *NO_MODEL]
+    with contextlib.chdir(REPO):      # the quickstart's relative source.uri, as the CLI's
+        again = run_job(load_spec(REPO / "examples/quickstart.yaml", overrides, None, out))
+    assert again.complete, again.format()
+    assert again.partitions_committed == ["p-000004"]
+    assert len(again.partitions_skipped) == PARTITIONS - 1
     after = markers(out)
     assert {p: after[p] for p in committed_before} == committed_before
     assert CheckpointStore(out).failures() == {}               # the marker supersedes it

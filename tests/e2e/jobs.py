@@ -97,3 +97,65 @@ def assert_same_output(got_root: str, want_root: str, rows: int = 57,
             assert got[key][col] == w[col], (key, col)
         if embeddings:
             np.testing.assert_allclose(got[key]["text_embedding"], w["text_embedding"], atol=1e-5)
+
+
+#: ``--set`` overrides (and the same for ``clean_reference``) of runs whose claim is not about
+#: the text embedding or model actors: no MiniLM, no model actor (a run ~10 s shorter).
+NO_MODEL = ("text_embedding.enabled=false",)
+
+_SHARED: dict[tuple, str] = {}
+
+
+def shared_photos(server) -> str:
+    """``s3://BUCKET/photos/captions.jsonl`` on ``server``: data/photos uploaded once per
+    process and S3 server into a bucket of its own, which the tests only read (each test
+    writes its output into its own ``s3_env`` bucket). Tests that compare with
+    ``clean_reference`` read this input, so their ``source_uri`` values are the same."""
+    key = ("photos", server.endpoint_url)
+    if key not in _SHARED:
+        import uuid
+
+        from tests.conftest import PHOTOS, upload_dir
+
+        bucket = f"photos-{uuid.uuid4().hex[:12]}"
+        server.client().create_bucket(Bucket=bucket)
+        upload_dir(server.client(), bucket, "photos", PHOTOS)
+        _SHARED[key] = f"s3://{bucket}/photos/captions.jsonl"
+    return _SHARED[key]
+
+
+def clean_reference(tmp_path_factory, server=None, sets: tuple[str, ...] = NO_MODEL) -> str:
+    """The output root of a clean, uninterrupted quickstart run (the ``mmpipe_run`` settings
+    plus ``sets``), computed once per process and reused by every test that compares with
+    it. On the local filesystem (the quickstart's own relative input): run in this process
+    (``run_job`` on the connected Ray: the caller requests ``ray_local``). Given the S3
+    ``server``: ``mmpipe_run`` from ``shared_photos(server)`` to a bucket of its own (a
+    subprocess: ``ray_local``'s workers lack the S3 credentials, which only the
+    environment carries)."""
+    key = ("clean", server.endpoint_url if server else "local", tuple(sets))
+    if key not in _SHARED:
+        import contextlib
+        import uuid
+
+        if server is None:
+            from pipeline.runtime.driver import run_job
+            from pipeline.spec.load import load_spec
+
+            out = str(tmp_path_factory.mktemp("clean-reference"))
+            overrides = ["source.partition_size=3", "runtime.num_workers=1",
+                         "runtime.batch_size=3", *sets]
+            with contextlib.chdir(REPO):      # the quickstart's relative source.uri
+                spec = load_spec(REPO / "examples/quickstart.yaml", overrides, None, out)
+                report = run_job(spec)
+            assert report.complete and len(report.partitions_committed) == PARTITIONS, \
+                report.format()
+        else:
+            bucket = f"clean-{uuid.uuid4().hex[:12]}"
+            server.client().create_bucket(Bucket=bucket)
+            out = f"s3://{bucket}/clean"
+            finish(mmpipe_run(out, tmp_path_factory.mktemp("clean-home"), server.env(),
+                              shared_photos(server), sets=sets, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True))
+            assert len(markers(out)) == PARTITIONS
+        _SHARED[key] = out
+    return _SHARED[key]

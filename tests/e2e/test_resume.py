@@ -1,6 +1,10 @@
 """SIGKILL the driver mid-job, run again on a fresh Ray: the killed run's leftover local Ray
 is stopped, only uncommitted partitions run, and the output equals a clean run's - on the
-local filesystem and on S3 (markers alone)."""
+local filesystem and on S3 (markers alone).
+
+No text embedding (``NO_MODEL``): the claims are about the driver, its Ray and the commit
+markers, not the model; the clean run compared with is ``clean_reference`` (one per
+process and storage, shared with tests/s3/test_s3_faults.py)."""
 
 from __future__ import annotations
 
@@ -16,34 +20,36 @@ import pytest
 
 from pipeline.storage import fs
 from pipeline.runtime.local_ray import session_processes
-from tests.conftest import PHOTOS, coco_captions, upload_dir
-from tests.e2e.jobs import (PARTITIONS, assert_same_output, finish, markers, mmpipe_run,
-                            rows_by_key)
+from tests.conftest import coco_captions
+from tests.e2e.jobs import (NO_MODEL, PARTITIONS, assert_same_output, clean_reference, finish,
+                            markers, mmpipe_run, rows_by_key, shared_photos)
 
 
 @pytest.fixture(params=["local", "s3"])
 def storage(request, tmp_path):
-    """``(output root, input uri or None, env)`` for the storage under test."""
+    """``(output root, input uri or None, env, S3 server or None)`` for the storage under
+    test."""
     if request.param == "local":
-        return str(tmp_path), None, {}
+        request.getfixturevalue("ray_local")      # clean_reference runs in this process
+        return str(tmp_path), None, {}, None
     server = request.getfixturevalue("s3_server")
     bucket = request.getfixturevalue("s3_env")
-    upload_dir(server.client(), bucket, "photos", PHOTOS)
-    return f"s3://{bucket}", f"s3://{bucket}/photos/captions.jsonl", server.env()
+    return f"s3://{bucket}", shared_photos(server), server.env(), server
 
 
-def test_killed_driver_resumes_only_uncommitted_partitions(storage, tmp_path):
-    root, input_uri, env = storage
+def test_killed_driver_resumes_only_uncommitted_partitions(storage, tmp_path, tmp_path_factory):
+    root, input_uri, env, server = storage
     home = tmp_path / "home"
     home.mkdir()
     out = f"{root}/killed"
     killed_log = tmp_path / "killed.log"
     with open(killed_log, "w") as log:
-        proc = mmpipe_run(out, home, env, input_uri, stdout=log, stderr=subprocess.STDOUT)
+        proc = mmpipe_run(out, home, env, input_uri, stdout=log, stderr=subprocess.STDOUT,
+                          sets=NO_MODEL)
     deadline = time.time() + 240
     while time.time() < deadline and len(markers(out)) < 3:
         assert proc.poll() is None, "the job ended before it could be killed"
-        time.sleep(0.1)
+        time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)          # the driver only, mid-job
     proc.wait()
     time.sleep(2)
@@ -57,7 +63,7 @@ def test_killed_driver_resumes_only_uncommitted_partitions(storage, tmp_path):
     report_path = tmp_path / "report.json"
     try:
         rerun = finish(mmpipe_run(out, home, env, input_uri, report_path, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True))
+                                  stderr=subprocess.STDOUT, text=True, sets=NO_MODEL))
     finally:
         left = session_processes(session)
         for p in left:
@@ -73,10 +79,7 @@ def test_killed_driver_resumes_only_uncommitted_partitions(storage, tmp_path):
     assert {p: after[p] for p in before} == before       # committed work was not redone
     assert json.loads(fs.read_bytes(f"{out}/_SUCCESS"))["complete"] is True
 
-    clean = f"{root}/clean"
-    finish(mmpipe_run(clean, home, env, input_uri, stdout=subprocess.PIPE,
-                      stderr=subprocess.STDOUT, text=True))
-    assert_same_output(out, clean)
+    assert_same_output(out, clean_reference(tmp_path_factory, server), embeddings=False)
     # every caption of the manifest; source_uri as the input was given: relative to the
     # working directory for the quickstart's relative source.uri, else s3://
     base = input_uri.rsplit("/", 1)[0] + "/" if input_uri else "data/photos/"
