@@ -48,7 +48,7 @@ quickstart: $(RUNTIME)
 # module-scoped fixtures run once); PYTEST_WORKERS=0 runs it in this process
 PYTEST_WORKERS ?= 2
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=20
 
 clean:
 	rm -rf output bench/out
