@@ -18,7 +18,7 @@ from pipeline.dedup.groups import PAIRS_SCHEMA
 from pipeline.dedup.store import DedupStore, latest_duplicates
 from pipeline.read import read_output
 from tests.conftest import REPO
-from tests.dedup.copies import PHOTOS, byte_copies, near_copies, stem
+from tests.dedup.copies import PHOTOS, SOME, byte_copies, near_copies, stem
 from tests.e2e.jobs import clean_ray_env
 
 SPEC = """\
@@ -51,24 +51,26 @@ def as_map(table: pa.Table) -> dict[str, tuple]:
 
 def test_exact_dedup_across_partitions_is_incremental_and_independent_of_workers(
         tmp_path, ray_local):
-    inp, out, home = byte_copies(tmp_path / "in"), tmp_path / "out", tmp_path / "home"
+    inp = byte_copies(tmp_path / "in", photos=SOME)       # 192 files, 12 partitions of 16
+    out, home = tmp_path / "out", tmp_path / "home"
     spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.format(inp=inp, out=out))
+    spec.write_text(SPEC.format(inp=inp, out=out).replace("partition_size: 32",
+                                                          "partition_size: 16"))
 
     # partition 3 fails (its worker dies): the job is incomplete, so no dedup pass yet
     run = mmpipe(home, "run", str(spec), env={"MMPIPE_CHAOS_KILL_WORKER_ON": "p-000003"})
     assert run.returncode == 1, run.stdout + run.stderr
     assert not (out / "_dedup").exists()
-    done = mmpipe(home, "dedup", str(out), "--json")       # generation 1: 21 partitions
+    done = mmpipe(home, "dedup", str(out), "--json")       # generation 1: 11 partitions
     assert done.returncode == 0, done.stdout + done.stderr
     gen1 = json.loads(done.stdout)
-    assert (gen1["generation"], gen1["partitions"], gen1["complete"]) == (1, 21, True)
+    assert (gen1["generation"], gen1["partitions"], gen1["complete"]) == (1, 11, True)
     first = task_attempts(out, 1)
 
     # the rerun commits partition 3, then dedups it against what is indexed: generation 2
     run = mmpipe(home, "run", str(spec))
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "dedup" in run.stdout and "generation 2, 22 partitions (1 new)" in run.stdout
+    assert "dedup" in run.stdout and "generation 2, 12 partitions (1 new)" in run.stdout
     assert task_attempts(out, 1) == first                  # generation 1 was not redone
     store = DedupStore(str(out))
     gen2_pairs = store.read_tables([f for t, m in store.markers(2).items() if "-b-" in t
@@ -77,13 +79,13 @@ def test_exact_dedup_across_partitions_is_incremental_and_independent_of_workers
     assert all("p-000003" in (a, b) for a, b in zip(gen2_pairs["a_partition_id"].to_pylist(),
                                                      gen2_pairs["b_partition_id"].to_pylist()))
 
-    # 12 byte copies of 57 photos: 627 duplicates of the first copy (c00), 57 survivors
+    # 12 byte copies of 16 photos: 176 duplicates of the first copy (c00), 16 survivors
     dups = latest_duplicates(str(out))
-    assert dups.num_rows == 684 - 57
+    assert dups.num_rows == 192 - 16
     assert all(d == f"c00-{stem(k)}" and kind == "exact" and ham == 0
                for k, (d, kind, ham) in as_map(dups).items())
     view = read_output(str(out), ["key"], deduplicated=True).to_table()
-    assert sorted(view["key"].to_pylist()) == sorted(f"c00-{p.stem}" for p in PHOTOS)
+    assert sorted(view["key"].to_pylist()) == sorted(f"c00-{p.stem}" for p in SOME)
 
     # from scratch, 1 worker in plan order and 3 workers in reverse: the same table
     from pipeline.runtime.dedup_pass import run_dedup
@@ -102,9 +104,13 @@ def test_near_and_semantic_dedup_and_a_killed_pass_replays_only_its_bucket(tmp_p
     from pipeline.testing.tiny_models import build_tiny_models
 
     clip = build_tiny_models(tmp_path / "models")["tiny-clip"]
-    inp, out, home = near_copies(tmp_path / "in"), tmp_path / "out", tmp_path / "home"
+    # 112 files, 7 partitions of 16: each variant in a partition of its own (copies in one
+    # partition are the in-partition dedup's, not this pass's)
+    inp = near_copies(tmp_path / "in", photos=SOME)
+    out, home = tmp_path / "out", tmp_path / "home"
     spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.format(inp=inp, out=out) + f"""\
+    spec.write_text(SPEC.format(inp=inp, out=out).replace(
+        "partition_size: 32", "partition_size: 16") + f"""\
 image_embedding: {{enabled: true, model: {clip}, score: false}}
 """)
     sets = ["--set", "dedup.dataset.semantic=true", "--set", "dedup.dataset.semantic_clusters=4",
@@ -131,11 +137,11 @@ image_embedding: {{enabled: true, model: {clip}, score: false}}
     # every byte copy and JPEG re-encode is grouped with its own original (c00), and
     # nothing groups two different photos
     for prefix in ("c01", "q60", "q75", "q90"):
-        for p in PHOTOS:
+        for p in SOME:
             assert dups[f"{prefix}-{p.stem}"][0] == f"c00-{p.stem}", prefix
     assert all(stem(k) == stem(d) for k, (d, _, _) in dups.items())
     kinds = Counter(kind for _, kind, _ in dups.values())
-    assert kinds["exact"] == 57 and kinds["near"] >= 3 * 57
+    assert kinds["exact"] == len(SOME) and kinds["near"] >= 3 * len(SOME)
     crops = Counter(k[:3] for k in dups if k[0] == "k")
     print("crops grouped:", dict(crops))                     # pHash moves with the crop
 
@@ -144,7 +150,7 @@ image_embedding: {{enabled: true, model: {clip}, score: false}}
              for f in m.files]
     sem = store.read_tables(files, PAIRS_SCHEMA).to_pylist()
     assert {(r["a_key"], r["b_key"]) for r in sem if r["similarity"] >= 0.99999} >= \
-        {(f"c00-{p.stem}", f"c01-{p.stem}") for p in PHOTOS}
+        {(f"c00-{p.stem}", f"c01-{p.stem}") for p in SOME}
     assert all(stem(r["a_key"]) == stem(r["b_key"]) for r in sem)
 
     # gc removes a lost attempt's pairs file and nothing any marker names
@@ -162,7 +168,7 @@ image_embedding: {{enabled: true, model: {clip}, score: false}}
     exported = mmpipe(home, "export", str(out), str(tmp_path / "export"), "--deduplicated")
     assert exported.returncode == 0, exported.stderr
     table = pq.read_table(tmp_path / "export")
-    assert table.num_rows == 399 - len(dups) == len(set(table["key"].to_pylist()))
+    assert table.num_rows == 7 * len(SOME) - len(dups) == len(set(table["key"].to_pylist()))
     assert set(table["status"].to_pylist()) == {"ok"}
 
 
