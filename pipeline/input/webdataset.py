@@ -18,12 +18,18 @@ from pipeline.input.base import Datasource, split_json_caption, to_batch
 
 class WebDatasetDatasource(Datasource):
     """WebDataset ``.tar`` shards: the shard file ``uri`` or the shards under it; a
-    partition is ``shards_per_partition`` whole shards. Per sample, the first member whose
-    extension is a media extension is the media, ``txt`` the caption (else
-    ``json[caption_column]``), the rest of ``json`` goes to ``metadata_json``. ``key`` is
-    the sample's key in its shard (WebDataset's ``__key__``; unique across shards only if
-    the shards' keys are, as img2dataset writes them); ``source_uri`` is
-    ``<shard>#<key>.<ext>`` (the shard as ``pipeline.input.source_uri`` writes a URI). Bad
+    partition is ``shards_per_partition`` whole shards. A member's extension is what
+    follows the first ``.`` of its base name (WebDataset's rule: ``0003.left.png`` is key
+    ``0003``, extension ``left.png``); a member is media when its extension's last part is
+    a media extension (``jpg``, ``left.png``, ``seg.PNG``). ``txt`` is the caption (else
+    ``json[caption_column]``), the rest of ``json`` goes to ``metadata_json``. A sample
+    with one media member is one row keyed by the sample's key (WebDataset's ``__key__``;
+    unique across shards only if the shards' keys are, as img2dataset writes them); one
+    with several gives a row per media member, in member order, keyed
+    ``<key>.<extension>`` (escaped: ``0003%2Eleft%2Epng``, as the files datasource keys
+    two media files of one stem), each with the sample's caption and metadata.
+    ``source_uri`` is ``<shard>#<key>.<ext>`` (the shard as ``pipeline.input.source_uri``
+    writes a URI). Bad
     samples and truncated shards become error rows (``pipeline.input.shards.read_shard``);
     so does the rest of a shard past ``source.webdataset.max_members``/``max_bytes`` (one
     ``too_large`` row after the samples read before the cap)."""
@@ -71,24 +77,25 @@ class WebDatasetDatasource(Datasource):
                                                {}, refused)] if refused is not None else
                        webdataset.read_shard(item.uri, self.temp_dir, self.max_bytes, caps))
             for sample in samples:
-                rows.append(self._row(sample))
-                if len(rows) == batch_size:
-                    yield to_batch(rows)
-                    rows = []
+                for row in self._rows(sample):
+                    rows.append(row)
+                    if len(rows) == batch_size:
+                        yield to_batch(rows)
+                        rows = []
         if rows:
             yield to_batch(rows)
 
-    def _row(self, sample: webdataset.ShardSample) -> dict[str, Any]:
-        exts = [e.lstrip(".") for e in self.spec.media_extensions]
-        media = next((e for e in sample.members if e in exts), None)
+    def _rows(self, sample: webdataset.ShardSample) -> list[dict[str, Any]]:
+        """The sample's rows: one per media member (one, keyed by the sample's key, when it
+        has none or one), or one error row."""
+        exts = {e.lstrip(".").lower() for e in self.spec.media_extensions}
+        media = [e for e in sample.members if e.rsplit(".", 1)[-1] in exts]
         error = sample.error
-        if error is None and media is None:
+        if error is None and not media:
             error = RowError(ErrorReason.BAD_SAMPLE, f"key {sample.key!r} in shard "
                              f"{sample.shard_uri}: no media member (members: "
-                             f"{sorted(sample.members)})")
-        data = sample.members.get(media) if media else None
-        if error is None and data is not None and len(data) > self.max_bytes:
-            error, data = too_large(len(data), self.max_bytes), None
+                             f"{sorted(sample.members)}; media extensions: "
+                             f"{sorted(exts)})")
         caption, meta = sample.members.get("txt"), None
         if "json" in sample.members:
             try:
@@ -98,6 +105,17 @@ class WebDatasetDatasource(Datasource):
             except (ValueError, RecursionError) as e:
                 error = error or RowError(ErrorReason.BAD_SAMPLE, f"key {sample.key!r} in "
                                           f"shard {sample.shard_uri}: bad json member: {e}")
-        uri = f"{sample.shard_uri}#{sample.key}" + (f".{media}" if media else "")
-        return {KEY: escape_key(sample.key), SOURCE_URI: uri, SOURCE_BYTES: None if error else data,
-                RAW_CAPTION: caption, READ_ERROR: error, METADATA_JSON: meta}
+        if error is not None or len(media) == 1:
+            named = [(sample.key, media[0] if media else None)]
+        else:
+            named = [(f"{sample.key}.{ext}", ext) for ext in media]
+        rows = []
+        for key, ext in named:
+            data = sample.members.get(ext) if ext and error is None else None
+            row_error = error
+            if row_error is None and data is not None and len(data) > self.max_bytes:
+                row_error, data = too_large(len(data), self.max_bytes), None
+            uri = f"{sample.shard_uri}#{sample.key}" + (f".{ext}" if ext else "")
+            rows.append({KEY: escape_key(key), SOURCE_URI: uri, SOURCE_BYTES: data,
+                         RAW_CAPTION: caption, READ_ERROR: row_error, METADATA_JSON: meta})
+        return rows

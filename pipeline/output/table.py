@@ -36,14 +36,17 @@ import os
 import posixpath
 import stat
 import threading
+import urllib.parse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.errors import MmpipeError
 from pipeline.output import generations
 from pipeline.output.checkpoint import CheckpointStore, CommitMarker
 from pipeline.output.layout import (DEDUP_DIR, DELTA_LOG, ATTEMPT_ROOTS, OutputLayout,
                                      attempt_of)
+from pipeline.spec.output import delta_location_problem
 from pipeline.storage import fs, s3
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,36 @@ def table_uri(output: str, kind: str = "data") -> str:
     return fs.join(root, ATTEMPT_ROOTS["quarantine"] if kind == "quarantine" else DUPLICATES_DIR)
 
 
+class TableError(MmpipeError):
+    """A Delta table of an output could not be opened or committed: the message names the
+    table's location and the cause (one line)."""
+
+
+def delta_location(uri: str) -> str:
+    """``uri`` as deltalake takes a table location: a local path as it is;
+    ``s3://bucket/key`` with the key percent-encoded once (delta-rs parses it as a URL, so
+    a raw ``#`` or ``?`` would end its path and a raw ``%`` start an escape). Raises
+    ``TableError`` for a location no Delta table can have (``delta_location_problem``)."""
+    problem = delta_location_problem(uri)
+    if problem is not None:
+        raise TableError(f"Delta table at {uri}: {problem}")
+    if not s3.is_s3(uri):
+        return uri
+    bucket, key = s3.split(uri)
+    return f"s3://{bucket}/{urllib.parse.quote(key, safe='/')}"
+
+
+def _delta_call(uri: str, what: str, fn):
+    """``fn()``, a deltalake error raised as ``TableError`` naming ``uri`` and ``what``."""
+    from deltalake.exceptions import DeltaError
+
+    try:
+        return fn()
+    except (DeltaError, OSError) as e:
+        raise TableError(f"Delta table at {uri}: {what} failed: {type(e).__name__}: "
+                         f"{' '.join(str(e).split())}") from e
+
+
 def storage_options(uri: str) -> dict[str, str] | None:
     """delta-rs ``storage_options`` for the table at ``uri`` (None for a local path): the
     fs layer's S3 endpoint and region (``storage.s3.delta_options``)."""
@@ -79,9 +112,10 @@ def open_table(uri: str):
     ``_delta_log``)."""
     from deltalake import DeltaTable
 
-    if not DeltaTable.is_deltatable(uri, storage_options(uri)):
+    location, options = delta_location(uri), storage_options(uri)
+    if not _delta_call(uri, "open", lambda: DeltaTable.is_deltatable(location, options)):
         return None
-    return DeltaTable(uri, storage_options=storage_options(uri))
+    return _delta_call(uri, "open", lambda: DeltaTable(location, storage_options=options))
 
 
 def _stats(meta: pq.FileMetaData) -> str:
@@ -141,15 +175,18 @@ def _commit(uri: str, adds: list, schema: pa.Schema, replace: bool, what: str) -
 
     props = CommitProperties(custom_metadata={"mmpipe": what})
     table = open_table(uri)
+    location, options = delta_location(uri), storage_options(uri)
     if table is None:
-        create_table_with_add_actions(uri, Schema.from_arrow(_schema(schema)), adds,
-                                      mode="error", storage_options=storage_options(uri),
-                                      commit_properties=props)
+        _delta_call(uri, "create", lambda: create_table_with_add_actions(
+            location, Schema.from_arrow(_schema(schema)), adds, mode="error",
+            storage_options=options, commit_properties=props))
     else:
-        table.create_write_transaction(adds, "overwrite" if replace else "append",
-                                       _schema(schema), commit_properties=props)
+        _delta_call(uri, "commit", lambda: table.create_write_transaction(
+            adds, "overwrite" if replace else "append", _schema(schema),
+            commit_properties=props))
     _restrict(uri)
-    return DeltaTable(uri, storage_options=storage_options(uri)).version()
+    return _delta_call(uri, "open", lambda: DeltaTable(location,
+                                                       storage_options=options).version())
 
 
 def _restrict(uri: str) -> None:

@@ -4,11 +4,34 @@ quarantine, WebDataset shards, datasinks from the user's own package).
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pipeline.spec.base import PluginSpec, _Strict
+
+
+#: What deltalake 1.6 (delta-rs) cannot hold in a table's location, local or S3: a ``%``
+#: and two hex digits (decoded twice: once by its object store, once by its log reader, so a
+#: table under ``pct%20dir`` is written to one place and read from another; delta-rs issues
+#: #1156, #2266), control characters (its object store refuses them in a path) and ``\``
+#: (read as ``/``: ``b\s`` becomes the folders ``b/s``).
+DELTA_UNSAFE = re.compile(r"%[0-9A-Fa-f]{2}|[\x00-\x1f\x7f\\]")
+
+
+def delta_location_problem(uri: str) -> str | None:
+    """Why no Delta table can be kept at the output ``uri`` (a local path: its absolute
+    form, as delta-rs canonicalises it), or None when one can (see ``DELTA_UNSAFE``)."""
+    path = uri if "://" in uri else os.path.abspath(uri)
+    found = DELTA_UNSAFE.search(path)
+    if found is None:
+        return None
+    return (f"{path!r} holds {found.group(0)!r}: deltalake (delta-rs) cannot keep the "
+            f"output's Delta table where the location holds a '%' followed by two hex "
+            f"digits (it decodes them twice), a control character or a backslash; choose an "
+            f"output path without one")
 
 
 class WebDatasetSinkSpec(_Strict):
@@ -77,6 +100,14 @@ class SinkSpec(_Strict):
         "there. Either way gc and `--mode overwrite` delete only the files of mmpipe's own "
         "layout (`data/<pid>/a-<attempt>/...` and its own root entries), never another "
         "file, a nested output or what a symbolic link points at.")
+    @field_validator("uri")
+    @classmethod
+    def _delta_location(cls, uri: str) -> str:
+        problem = delta_location_problem(uri)
+        if problem is not None:
+            raise ValueError(problem)
+        return uri
+
     datasinks: tuple[PluginSpec, ...] = Field(
         (), description="Datasinks from the user's own package (`FileDatasink` subclasses, "
         "built as `Class(sink.uri, **with)`), written beside the Parquet files; their "

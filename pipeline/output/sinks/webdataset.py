@@ -161,9 +161,12 @@ class WebDatasetWriter:
 
     @staticmethod
     def member_key(key: str) -> str:
-        """The key as written: ``.`` replaced by ``_`` (a ``.`` would move the key/
-        extension split). The caller keeps the original key in its JSON member."""
-        return key.replace(".", "_")
+        """The key as written: ``.`` in its base name replaced by ``_`` (a ``.`` there would
+        move WebDataset's key/extension split, which is the first ``.`` of the base name);
+        a ``.`` in a folder part (``dir.v2/0004``) moves nothing and is kept. The caller
+        keeps the original key in its JSON member."""
+        head, sep, base = key.rpartition("/")
+        return head + sep + base.replace(".", "_")
 
     @staticmethod
     def _final_size(content_bytes: int) -> int:
@@ -172,10 +175,10 @@ class WebDatasetWriter:
 
     def write(self, key: str, members: dict[str, bytes]) -> None:
         """Append one sample: ``members`` = extension -> bytes, written in the order given
-        as ``<key>.<ext>`` (key with ``.`` -> ``_``, see ``member_key``).
+        as ``<key>.<ext>`` (the key's base name with ``.`` -> ``_``, see ``member_key``).
 
         Raises ``ValueError`` for an empty key, no members, an empty extension or one with
-        ``/``, a key that (after ``.`` -> ``_``) repeats one already in this shard,
+        ``/``, a key that (after ``member_key``) repeats one already in this shard,
         or after ``close``/``abort``; ``OSError``/``StorageError`` on storage failure.
         """
         if self._closed:
