@@ -36,6 +36,17 @@ def short_repr(value: object, limit: int = MAX_VALUE_CHARS) -> str:
     return clip(_REPR.repr(value), limit)
 
 
+def error_text(e: BaseException) -> str:
+    """``e`` as an error row's text: ``<Type>: <message>``. A PyAV (FFmpeg) error gives its
+    message without PyAV's ``[Errno <AVERROR code>]`` prefix and the name the file was
+    opened under (``InvalidDataError: Invalid data found when processing input``): the code
+    is FFmpeg's, not an OS errno a reader could look up."""
+    strerror = getattr(e, "strerror", None)
+    if strerror and type(e).__module__.split(".")[0] == "av":
+        return f"{type(e).__name__}: {strerror}"
+    return f"{type(e).__name__}: {e}"
+
+
 class MmpipeError(Exception):
     """Base class of every error raised on purpose by mmpipe."""
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from pipeline.errors import RecordError
+from pipeline.errors import RecordError, error_text
 from pipeline.media.imageio_util import still_image_format
 from pipeline.media.transform import low_detail, phash64
 from pipeline.records import ErrorReason
@@ -370,11 +370,10 @@ class _Input:
             if not allow_playlists and getattr(e, "errno", None) == errno.EINVAL:
                 raise RecordError(
                     ErrorReason.UNSUPPORTED_FORMAT.value,
-                    f"FFmpeg refused the container ({type(e).__name__}: {e}): a format that "
+                    f"FFmpeg refused the container ({error_text(e)}): a format that "
                     f"opens other files or URLs ({', '.join(sorted(REFERENCING_DEMUXERS))}) "
                     f"is read only with video.allow_playlists=true") from e
-            raise RecordError(ErrorReason.CORRUPT_CONTAINER.value,
-                              f"{type(e).__name__}: {e}") from e
+            raise RecordError(ErrorReason.CORRUPT_CONTAINER.value, error_text(e)) from e
 
     def _close_file(self) -> None:
         if self.file is not None:

@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.columns import ERROR, ERROR_REASON, REJECT_REASON, STATUS, Batch
-from pipeline.errors import RecordError
+from pipeline.errors import RecordError, error_text
 from pipeline.records import ErrorReason, RejectReason, RowError, Status
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class RowStep(Step):
             return {}, RowError(e.reason, e.message)
         except Exception as e:  # noqa: BLE001 - boundary: a failing row, not a failing job
             log.debug("step %s failed on row %d", self.name, i, exc_info=True)
-            return {}, RowError(ErrorReason.STEP_FAILED, f"{self.name}: {type(e).__name__}: {e}")
+            return {}, RowError(ErrorReason.STEP_FAILED, f"{self.name}: {error_text(e)}")
 
 
 class Filter(Step):
