@@ -45,10 +45,11 @@ quickstart: $(RUNTIME)
 	$(BIN)/mmpipe status output/quickstart
 
 # the default suite on PYTEST_WORKERS pytest-xdist processes (each test file on one of them:
-# module-scoped fixtures run once); PYTEST_WORKERS=0 runs it in this process
+# module-scoped fixtures run once), handed out in collection order, the heaviest files first
+# (tests/conftest.py HEAVY_FIRST); PYTEST_WORKERS=0 runs it in this process
 PYTEST_WORKERS ?= 2
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=20
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
 clean:
 	rm -rf output bench/out

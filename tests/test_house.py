@@ -68,3 +68,14 @@ def test_design_md_layout_is_the_package():
                if p.stat().st_size > 0}                 # empty __init__.py files aside
     assert not present - listed, f"modules missing from DESIGN.md: {sorted(present - listed)}"
     assert not listed - present, f"DESIGN.md lists absent modules: {sorted(listed - present)}"
+
+
+def test_every_heavy_first_entry_is_a_test_file_once():
+    """``HEAVY_FIRST`` (the order ``make test`` hands files to its workers) names real test
+    files, each once: a renamed or deleted file would silently fall back to the end."""
+    from tests.conftest import HEAVY_FIRST
+
+    assert len(set(HEAVY_FIRST)) == len(HEAVY_FIRST)
+    missing = [p for p in HEAVY_FIRST if not (REPO / p).is_file()
+               or not p.rsplit("/", 1)[-1].startswith("test_")]
+    assert not missing, missing

@@ -1,4 +1,5 @@
-"""The dataset-wide dedup pass at its edges, on a real local Ray:
+"""The dataset-wide dedup pass at its edges, on a real local Ray (the session's: jobs and
+``mmpipe`` commands run in this process, ``tests/dedup/inproc.py``):
 
 - finding 7 (T3-01): distinct flat images are never near duplicates; an exact byte copy of
   one still is; all stay in the deduplicated view;
@@ -13,7 +14,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -33,7 +33,8 @@ from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec
 from tests.conftest import CASES
 from tests.dedup.copies import PHOTOS
-from tests.dedup.test_dedup_pass import SPEC, mmpipe
+from tests.dedup.inproc import json_out, mmpipe
+from tests.dedup.test_dedup_pass import SPEC
 
 T3_01 = CASES / "T3-01_phash_flat_images" / "files"
 T3_21 = CASES / "T3-21_dedup_no_duplicates"
@@ -106,7 +107,8 @@ def test_t3_21_a_pass_with_or_without_duplicates_gives_the_view_and_export(
     assert sorted(exported["key"].to_pylist()) == sorted(view["key"].to_pylist())
 
 
-def test_a_stopped_pass_rerun_after_more_commits_covers_every_partition(tmp_path):
+def test_a_stopped_pass_rerun_after_more_commits_covers_every_partition(
+        tmp_path, ray_local, capsys):
     """ATTACK: the rerun used to finish the stopped generation (11 of 12 partitions), exit
     0 and report its duplicates as the result; the view then kept the 12th partition's
     duplicates. Now it runs a generation over all 12; a view over a generation that does
@@ -116,14 +118,14 @@ def test_a_stopped_pass_rerun_after_more_commits_covers_every_partition(tmp_path
     for c in range(6):                      # 4 photos x 6 byte copies, 2 a partition: 12
         for p in PHOTOS[:4]:
             shutil.copyfile(p, inp / f"c{c:02d}-{p.stem}.jpg")
-    out, home = tmp_path / "out", tmp_path / "home"
+    out = tmp_path / "out"
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(inp=inp, out=out).replace("partition_size: 32",
                                                           "partition_size: 2"))
-    run = mmpipe(home, "run", str(spec), env={"MMPIPE_CHAOS_KILL_WORKER_ON": "p-000011"})
+    run = mmpipe(capsys, "run", str(spec), env={"MMPIPE_CHAOS_KILL_WORKER_ON": "p-000011"})
     assert run.returncode == 1 and not (out / "_dedup").exists(), run.stdout + run.stderr
     # the pass stops with generation 1 (11 partitions) unfinished: one task keeps dying
-    stopped = mmpipe(home, "dedup", str(out), "--json",
+    stopped = mmpipe(capsys, "dedup", str(out), "--json",
                      env={"MMPIPE_CHAOS_KILL_WORKER_ON": "near-b-0002"})
     assert stopped.returncode == 1, stopped.stdout + stopped.stderr
     store = DedupStore(str(out))
@@ -135,7 +137,7 @@ def test_a_stopped_pass_rerun_after_more_commits_covers_every_partition(tmp_path
 
     # the job is rerun: p-000011 commits, then the pass finishes generation 1 and, as it
     # does not cover p-000011, runs generation 2 over all 12
-    run = mmpipe(home, "run", str(spec))
+    run = mmpipe(capsys, "run", str(spec))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "generation 2, 12 partitions (1 new)" in run.stdout, run.stdout
     assert "duplicates: 20 (exact 20)" in run.stdout, run.stdout
@@ -151,26 +153,39 @@ def test_a_stopped_pass_rerun_after_more_commits_covers_every_partition(tmp_path
         read_output(str(out), deduplicated=True)
     assert cli.main(["export", str(out), str(tmp_path / "x"), "--deduplicated"]) == 2
     assert not (tmp_path / "x").exists()
-    status = mmpipe(home, "status", str(out), "--json")
-    assert json.loads(status.stdout)["dedup"]["complete"] is False
-    again = mmpipe(home, "dedup", str(out), "--json")
+    status = mmpipe(capsys, "status", str(out), "--json")
+    assert json_out(status.stdout)["dedup"]["complete"] is False
+    again = mmpipe(capsys, "dedup", str(out), "--json")
     assert again.returncode == 0, again.stdout + again.stderr
-    report = json.loads(again.stdout)
+    report = json_out(again.stdout)
     assert (report["generation"], report["partitions"], report["duplicates"],
             report["tasks_run"]) == (2, 12, 20, [])
     assert read_output(str(out), ["key"], deduplicated=True).count_rows() == 4
 
 
-@pytest.fixture
-def indexed(ray_local, tmp_path) -> tuple[Path, JobSpec]:
-    """An output of 3 byte copies of 2 photos (3 partitions), indexed, not yet deduped."""
-    inp = tmp_path / "in"
+@pytest.fixture(scope="module")
+def indexed_once(ray_local, tmp_path_factory) -> tuple[Path, JobSpec]:
+    """An output of 3 byte copies of 2 photos (3 partitions), indexed, not yet deduped:
+    the job runs once per module; each test gets a copy of its own (``indexed``)."""
+    root = tmp_path_factory.mktemp("indexed")
+    inp = root / "in"
     inp.mkdir()
     for c in range(3):
         for p in PHOTOS[:2]:
             shutil.copyfile(p, inp / f"c{c:02d}-{p.stem}.jpg")
-    out = tmp_path / "out"
+    out = root / "out"
     return out, _job(inp, out, partition_size=2)
+
+
+@pytest.fixture
+def indexed(indexed_once, tmp_path) -> tuple[Path, JobSpec]:
+    """A copy of ``indexed_once``'s output in ``tmp_path`` (its files are relative to it):
+    the tests below run tasks, gc and write files in it."""
+    src, spec = indexed_once
+    assert not (src / "_dedup").exists()                 # no test wrote into the original
+    out = tmp_path / "out"
+    shutil.copytree(src, out)
+    return out, spec
 
 
 def _exact_task(out: Path, spec: JobSpec):

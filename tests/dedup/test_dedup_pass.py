@@ -1,10 +1,12 @@
 """The dataset-wide dedup pass as users run it: ``mmpipe run`` with ``dedup.dataset.enabled``
-(the pass follows the main pass) and ``mmpipe dedup OUTPUT``, each on a fresh local Ray,
-over copies of the bundled photos spread across partitions."""
+(the pass follows the main pass) and ``mmpipe dedup OUTPUT``, over copies of the bundled
+photos spread across partitions. The commands run in this process on the session's Ray
+(``tests/dedup/inproc.py``: the same ``cli.main``, exit codes and output, without a Ray
+start and stop of their own per command); ``mmpipe`` below, a real subprocess, where the
+claim is the process's (an error before any Ray starts)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -19,6 +21,8 @@ from pipeline.dedup.store import DedupStore, latest_duplicates
 from pipeline.read import read_output
 from tests.conftest import REPO
 from tests.dedup.copies import PHOTOS, SOME, byte_copies, near_copies, stem
+from tests.dedup.inproc import json_out
+from tests.dedup.inproc import mmpipe as mmpipe_here
 from tests.e2e.jobs import clean_ray_env
 
 SPEC = """\
@@ -50,25 +54,26 @@ def as_map(table: pa.Table) -> dict[str, tuple]:
 
 
 def test_exact_dedup_across_partitions_is_incremental_and_independent_of_workers(
-        tmp_path, ray_local):
+        tmp_path, ray_local, capsys):
     inp = byte_copies(tmp_path / "in", photos=SOME)       # 192 files, 12 partitions of 16
-    out, home = tmp_path / "out", tmp_path / "home"
+    out = tmp_path / "out"
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(inp=inp, out=out).replace("partition_size: 32",
                                                           "partition_size: 16"))
 
     # partition 3 fails (its worker dies): the job is incomplete, so no dedup pass yet
-    run = mmpipe(home, "run", str(spec), env={"MMPIPE_CHAOS_KILL_WORKER_ON": "p-000003"})
+    run = mmpipe_here(capsys, "run", str(spec),
+                      env={"MMPIPE_CHAOS_KILL_WORKER_ON": "p-000003"})
     assert run.returncode == 1, run.stdout + run.stderr
     assert not (out / "_dedup").exists()
-    done = mmpipe(home, "dedup", str(out), "--json")       # generation 1: 11 partitions
+    done = mmpipe_here(capsys, "dedup", str(out), "--json")   # generation 1: 11 partitions
     assert done.returncode == 0, done.stdout + done.stderr
-    gen1 = json.loads(done.stdout)
+    gen1 = json_out(done.stdout)
     assert (gen1["generation"], gen1["partitions"], gen1["complete"]) == (1, 11, True)
     first = task_attempts(out, 1)
 
     # the rerun commits partition 3, then dedups it against what is indexed: generation 2
-    run = mmpipe(home, "run", str(spec))
+    run = mmpipe_here(capsys, "run", str(spec))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "dedup" in run.stdout and "generation 2, 12 partitions (1 new)" in run.stdout
     assert task_attempts(out, 1) == first                  # generation 1 was not redone
@@ -100,14 +105,15 @@ def test_exact_dedup_across_partitions_is_incremental_and_independent_of_workers
         assert latest_duplicates(str(again)).equals(dups)
 
 
-def test_near_and_semantic_dedup_and_a_killed_pass_replays_only_its_bucket(tmp_path):
+def test_near_and_semantic_dedup_and_a_killed_pass_replays_only_its_bucket(
+        tmp_path, ray_local, capsys):
     from pipeline.testing.tiny_models import build_tiny_models
 
-    clip = build_tiny_models(tmp_path / "models")["tiny-clip"]
+    clip = build_tiny_models(tmp_path / "models", ("tiny-clip",))["tiny-clip"]
     # 112 files, 7 partitions of 16: each variant in a partition of its own (copies in one
     # partition are the in-partition dedup's, not this pass's)
     inp = near_copies(tmp_path / "in", photos=SOME)
-    out, home = tmp_path / "out", tmp_path / "home"
+    out = tmp_path / "out"
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(inp=inp, out=out).replace(
         "partition_size: 32", "partition_size: 16") + f"""\
@@ -116,8 +122,8 @@ image_embedding: {{enabled: true, model: {clip}, score: false}}
     sets = ["--set", "dedup.dataset.semantic=true", "--set", "dedup.dataset.semantic_clusters=4",
             "--set", "dedup.dataset.semantic_threshold=0.9995"]
     # the pass after the main pass: every attempt of one near bucket's task is killed
-    run = mmpipe(home, "run", str(spec), *sets,
-                 env={"MMPIPE_CHAOS_KILL_WORKER_ON": "near-b-0002"})
+    run = mmpipe_here(capsys, "run", str(spec), *sets,
+                      env={"MMPIPE_CHAOS_KILL_WORKER_ON": "near-b-0002"})
     assert run.returncode == 1, run.stdout + run.stderr
     assert "FAILED near-b-0002" in run.stdout and "incomplete" in run.stdout, run.stdout
     store = DedupStore(str(out))
@@ -126,9 +132,9 @@ image_embedding: {{enabled: true, model: {clip}, score: false}}
     assert {"exact-b-0000", "near-b-0000", "semantic-files"} <= set(before)
     assert store.marker(None, "centroids") is not None
 
-    rerun = mmpipe(home, "dedup", str(out), "--json")
+    rerun = mmpipe_here(capsys, "dedup", str(out), "--json")
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    report = json.loads(rerun.stdout)
+    report = json_out(rerun.stdout)
     assert report["tasks_run"] == ["near-b-0002"] and report["complete"]
     after = task_attempts(out, 1)
     assert {t: after[t] for t in before} == before           # nothing else was redone
@@ -157,37 +163,39 @@ image_embedding: {{enabled: true, model: {clip}, score: false}}
     stray = out / "_dedup/pairs/near/b-0002/g-000001.a-00000000dead.parquet"
     stray.write_bytes(b"PAR1 lost attempt")
     before_gc = latest_duplicates(str(out))
-    gc = mmpipe(home, "gc", str(out), "--min-age-s", "0")
+    gc = mmpipe_here(capsys, "gc", str(out), "--min-age-s", "0")
     assert gc.returncode == 0 and f"delete {stray}" in gc.stdout, gc.stdout + gc.stderr
     assert "1 unreferenced files deleted" in gc.stdout and not stray.exists()
     assert latest_duplicates(str(out)).equals(before_gc)
 
     # status and export see the result
-    status = mmpipe(home, "status", str(out), "--json")
-    assert json.loads(status.stdout)["dedup"]["duplicates"] == len(dups)
-    exported = mmpipe(home, "export", str(out), str(tmp_path / "export"), "--deduplicated")
+    status = mmpipe_here(capsys, "status", str(out), "--json")
+    assert json_out(status.stdout)["dedup"]["duplicates"] == len(dups)
+    exported = mmpipe_here(capsys, "export", str(out), str(tmp_path / "export"),
+                           "--deduplicated")
     assert exported.returncode == 0, exported.stderr
     table = pq.read_table(tmp_path / "export")
     assert table.num_rows == 7 * len(SOME) - len(dups) == len(set(table["key"].to_pylist()))
     assert set(table["status"].to_pylist()) == {"ok"}
 
 
-def test_dedup_of_an_output_without_an_index_fails_naming_the_setting(tmp_path):
+def test_dedup_of_an_output_without_an_index_fails_naming_the_setting(
+        tmp_path, ray_local, capsys):
     inp, out, home = tmp_path / "in", tmp_path / "out", tmp_path / "home"
     inp.mkdir()
     for p in PHOTOS[:3]:
         shutil.copyfile(p, inp / p.name)
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(inp=inp, out=out).replace("enabled: true, ", ""))
-    run = mmpipe(home, "run", str(spec))
+    run = mmpipe_here(capsys, "run", str(spec))
     assert run.returncode == 0, run.stderr
-    done = mmpipe(home, "dedup", str(out))
+    done = mmpipe(home, "dedup", str(out))                 # exits before any Ray starts
     assert done.returncode == 2, done.stdout + done.stderr
     assert "dedup.dataset.enabled" in done.stderr and "Traceback" not in done.stderr
     assert not (out / "_dedup").exists()
 
 
-def test_dedup_pass_on_s3(s3_server, s3_env, tmp_path):
+def test_dedup_pass_on_s3(s3_server, s3_env, tmp_path, ray_local, capsys):
     """Index files, bucket tasks, markers and the duplicates table through a real S3 API."""
     from tests.conftest import upload_dir
 
@@ -200,7 +208,8 @@ def test_dedup_pass_on_s3(s3_server, s3_env, tmp_path):
     out = f"s3://{s3_env}/out"
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(inp=f"s3://{s3_env}/in", out=out).replace("partition_size: 32", "partition_size: 3"))
-    run = mmpipe(tmp_path / "home", "run", str(spec), env=s3_server.env())
+    # the actors get the S3 credentials as a subprocess's would: in their environment
+    run = mmpipe_here(capsys, "run", str(spec), env=s3_server.env())
     assert run.returncode == 0, run.stdout + run.stderr
     assert "duplicates: 8 (exact 8)" in run.stdout, run.stdout
     dups = as_map(latest_duplicates(out))
