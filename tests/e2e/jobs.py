@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -19,12 +20,14 @@ PARTITIONS = 19  # 57 photos / partition_size 3
 
 def mmpipe_run(out: str, home: Path, extra_env: dict | None = None, input_uri: str | None = None,
                report: Path | None = None, sets: tuple[str, ...] = (),
-               **popen) -> subprocess.Popen:
+               executor: str = "ray", **popen) -> subprocess.Popen:
     """Start the quickstart job (19 partitions of 3, one worker) writing to ``out``, with
-    ``sets`` as further ``--set KEY=VALUE`` overrides."""
+    ``sets`` as further ``--set KEY=VALUE`` overrides; ``executor="processes"``: its
+    partition workers as worker processes of the driver, no Ray (tests/runtime/
+    test_process_executor.py covers that executor itself)."""
     cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml",
            "--address", "local",                 # a new local Ray even if others are running
-           "--executor", "ray",                  # the Ray path (worker processes: test_process_executor)
+           "--executor", executor,               # the Ray path unless told (processes: below)
            "--output", out, "--set", "source.partition_size=3",
            "--set", "runtime.num_workers=1", "--set", "runtime.batch_size=3"]
     for item in sets:
@@ -84,19 +87,56 @@ COMPARED = ("status", "reject_reason", "sha256", "phash", "caption", "captions",
 
 
 def assert_same_output(got_root: str, want_root: str, rows: int = 57,
-                       embeddings: bool = True) -> None:
+                       embeddings: bool = True, input_bases: tuple[str, str] | None = None
+                       ) -> None:
     """The committed output under ``got_root`` equals a clean run's under ``want_root``:
     the same keys (``rows`` of them), every ``COMPARED`` column, and (``embeddings``)
-    ``text_embedding`` within 1e-5."""
+    ``text_embedding`` within 1e-5. ``input_bases``: ``(got_base, want_base)`` where the
+    two runs read the same files from different places (S3 and the local copy): every
+    ``source_uri`` under ``got_root`` is ``got_base`` + what follows ``want_base`` in the
+    clean run's."""
     import numpy as np
 
     got, want = rows_by_key(got_root), rows_by_key(want_root)
     assert sorted(got) == sorted(want) and len(got) == rows
     for key, w in want.items():
         for col in COMPARED:
+            if col == "source_uri" and input_bases is not None:
+                got_base, want_base = input_bases
+                assert w[col].startswith(want_base), (key, w[col])
+                assert got[key][col] == got_base + w[col][len(want_base):], (key, col)
+                continue
             assert got[key][col] == w[col], (key, col)
         if embeddings:
             np.testing.assert_allclose(got[key]["text_embedding"], w["text_embedding"], atol=1e-5)
+
+
+def wait_for_workers_gone(session_dir: str, timeout_s: float = 120) -> list:
+    """After a ``kill -9`` of a ``mmpipe run`` driver on a local Ray (its session directory
+    ``session_dir``): wait until no ``PartitionWorker`` process of that session is left.
+    Such a worker outlives its driver for a moment and may still commit the partition it
+    had in hand (seen: one marker more after the kill), then exits as its raylet is gone;
+    once none is left, nothing of the killed run can write a marker. Returns the
+    session's processes left then (Ray's agents: what the next local run stops)."""
+    from pipeline.runtime.local_ray import session_processes
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = session_processes(session_dir)
+        workers = [p for p in left if _cmdline(p).startswith("ray::PartitionWorker")]
+        if not workers:
+            return left
+        assert time.monotonic() < deadline, [_cmdline(p) for p in workers]
+        time.sleep(0.1)
+
+
+def _cmdline(proc) -> str:
+    import psutil
+
+    try:
+        return " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return ""
 
 
 #: ``--set`` overrides (and the same for ``clean_reference``) of runs whose claim is not about

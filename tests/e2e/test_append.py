@@ -2,7 +2,13 @@
 input as new partitions after the stored ones and runs only them; the dataset-wide dedup
 pass covers them; a planned object deleted since is one ``input_missing`` row; ``resume``
 on a grown listing says how many objects are not planned. Locally (with Ray and the
-dedup pass) and on S3 (SeaweedFS, worker processes)."""
+dedup pass) and on S3 (SeaweedFS, worker processes).
+
+Locally the commands run in this process on the session's Ray (``tests/dedup/inproc.py``:
+the same ``cli.main``, its exit codes and what it prints, without a local Ray start and
+stop per command, ~6 s each): what the test claims is the plan, the partitions run, the
+reports, the markers and the dedup pass's result, none of which depends on whose Ray it
+is. The S3 test runs ``mmpipe`` as a subprocess (worker processes, no Ray)."""
 
 from __future__ import annotations
 
@@ -16,6 +22,8 @@ from pipeline.read import read_output
 from pipeline.storage import fs
 from tests.conftest import upload_dir
 from tests.dedup.copies import PHOTOS
+from tests.dedup.inproc import json_out
+from tests.dedup.inproc import mmpipe as mmpipe_here
 from tests.dedup.test_dedup_pass import mmpipe
 
 SPEC = """\
@@ -34,8 +42,8 @@ def marker_bytes(out: str, pids) -> dict[str, bytes]:
     return {p: fs.read_bytes(f"{out}/_checkpoints/{p}.json") for p in pids}
 
 
-def test_append_runs_only_new_partitions_and_dedup_covers_them(tmp_path):
-    inp, out, home = tmp_path / "in", tmp_path / "out", tmp_path / "home"
+def test_append_runs_only_new_partitions_and_dedup_covers_them(tmp_path, ray_local, capsys):
+    inp, out = tmp_path / "in", tmp_path / "out"
     inp.mkdir()
     first, later = PHOTOS[:8], PHOTOS[8:12]
     for p in first:
@@ -44,10 +52,11 @@ def test_append_runs_only_new_partitions_and_dedup_covers_them(tmp_path):
     spec.write_text(SPEC.format(inp=inp, out=out, dedup="true"))
 
     # p-000001 fails (its worker dies; max_attempts 1); then one of its images is deleted
-    run = mmpipe(home, "run", str(spec), env={"MMPIPE_CHAOS_KILL_WORKER_ON": "p-000001"})
+    run = mmpipe_here(capsys, "run", str(spec),
+                      env={"MMPIPE_CHAOS_KILL_WORKER_ON": "p-000001"})
     assert run.returncode == 1, run.stdout + run.stderr
     (inp / first[-1].name).unlink()
-    run = mmpipe(home, "run", str(spec))
+    run = mmpipe_here(capsys, "run", str(spec))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "input_missing=1" in run.stdout and "planned objects no longer listed: 1" in run.stdout
     assert "cost: " in run.stdout and "per million output rows" in run.stdout
@@ -63,19 +72,20 @@ def test_append_runs_only_new_partitions_and_dedup_covers_them(tmp_path):
     for p in later:
         shutil.copyfile(p, inp / p.name)
     shutil.copyfile(first[0], inp / "zz-copy.jpg")
-    resumed = mmpipe(home, "run", str(spec))             # resume: today's plan, a warning
+    resumed = mmpipe_here(capsys, "run", str(spec))      # resume: today's plan, a warning
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "5 objects listed under the input are not in the plan" in resumed.stdout
     assert "--mode append" in resumed.stdout
-    status = mmpipe(home, "status", str(out), "--json")
+    status = mmpipe_here(capsys, "status", str(out), "--json")
     assert status.returncode == 0, status.stdout + status.stderr
-    state = json.loads(status.stdout)
+    state = json_out(status.stdout)
     assert state["inputs"]["not_planned"] == 5 and state["complete"]
     assert state["cost"]["cpu_s"] == 0.0          # the resume that wrote _SUCCESS ran nothing
-    assert "--mode append" in mmpipe(home, "status", str(out)).stdout
+    assert "--mode append" in mmpipe_here(capsys, "status", str(out)).stdout
 
     report_path = tmp_path / "append.json"
-    run = mmpipe(home, "run", str(spec), "--mode", "append", "--report-json", str(report_path))
+    run = mmpipe_here(capsys, "run", str(spec), "--mode", "append", "--report-json",
+                      str(report_path))
     assert run.returncode == 0, run.stdout + run.stderr
     (tmp_path / "append-report.txt").write_text(run.stdout)
     report = json.loads(report_path.read_text())
@@ -89,17 +99,17 @@ def test_append_runs_only_new_partitions_and_dedup_covers_them(tmp_path):
     ext = json.loads((out / "_plan" / "extension-0001.json").read_text())
     assert (ext["partition_ids"], ext["objects"]) == (["p-000002", "p-000003"], 5)
     assert len(read_output(str(out), ["key"]).to_table()) == 13
-    state = json.loads(mmpipe(home, "status", str(out), "--json").stdout)
+    state = json_out(mmpipe_here(capsys, "status", str(out), "--json").stdout)
     assert state["inputs"]["not_planned"] == 0 and state["inputs"]["extensions"][0]["objects"] == 5
     assert state["cost"] == report["cost"]
 
-    done = mmpipe(home, "dedup", str(out), "--json")
+    done = mmpipe_here(capsys, "dedup", str(out), "--json")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert json.loads(done.stdout)["complete"]
+    assert json_out(done.stdout)["complete"]
     dups = {r["key"]: r["duplicate_of"] for r in latest_duplicates(str(out)).to_pylist()}
     assert dups == {"zz-copy": first[0].stem}
 
-    again = mmpipe(home, "run", str(spec), "--mode", "append")   # nothing new: nothing runs
+    again = mmpipe_here(capsys, "run", str(spec), "--mode", "append")   # nothing new runs
     assert again.returncode == 0, again.stdout + again.stderr
     assert "0 committed now" in again.stdout and "plan extension 2" not in again.stdout
 

@@ -4,6 +4,15 @@ readers: deltalake/pandas, Polars, Daft and Ray Data each read exactly the rows
 overwrite`` and after a rebuild from the markers - never a WebDataset shard; the dedup
 view drops the duplicates the pass found; the quarantine table holds the error rows; S3
 (SeaweedFS) works with conditional puts.
+
+The runs the tables are read during and after are real ``mmpipe run`` processes where the
+claim is the process's: the run stopped with SIGTERM (exit 143) while a partition hangs,
+the resume whose failed table write is logged to stderr - both with worker processes (no
+Ray: the claims are the driver's and the tables', on either executor). The
+``--mode overwrite`` run (the dataset-wide dedup pass: Ray) and the commands that read or
+repair the tables (``mmpipe table``, ``status``, ``gc``) run ``cli.main`` in this process
+on the session's Ray (``tests/dedup/inproc.py``: the same command, its exit code and what
+it prints, without a local Ray start and stop of its own).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from pipeline.output import table
 from pipeline.output.checkpoint import CheckpointStore
 from pipeline.read import read_output
 from tests.conftest import CASES, PHOTOS, REPO, coco_captions
+from tests.dedup.inproc import mmpipe as mmpipe_here
 from tests.e2e.jobs import clean_ray_env
 
 NO_MODEL = ["--set", "text_embedding.enabled=false"]
@@ -35,12 +45,20 @@ def mmpipe(*args: str, home: Path, env: dict | None = None) -> subprocess.Comple
                           env=clean_ray_env(HOME=str(home), HF_HUB_OFFLINE="1", **(env or {})))
 
 
-def run_images(src: Path, out: Path, home: Path, *extra: str, env: dict | None = None):
-    """examples/images.yaml on ``src`` into ``out`` on a new local Ray, WebDataset shards on."""
-    return mmpipe("run", "examples/images.yaml", "--input", str(src), "--output", str(out),
-                  "--address", "local", "--executor", "ray", *NO_MODEL,
-                  "--set", "sink.webdataset.enabled=true", "--set", "source.partition_size=3",
-                  *extra, home=home, env=env)
+def images_args(src: Path, out: Path, *extra: str) -> list[str]:
+    """``mmpipe run`` of examples/images.yaml on ``src`` into ``out``, WebDataset shards
+    on, without the text embedding (the claims are the tables', not the model's)."""
+    return ["run", "examples/images.yaml", "--input", str(src), "--output", str(out),
+            *NO_MODEL, "--set", "sink.webdataset.enabled=true",
+            "--set", "source.partition_size=3", *extra]
+
+
+def run_images(src: Path, out: Path, home: Path, *extra: str, executor: str = "ray",
+               env: dict | None = None):
+    """examples/images.yaml on ``src`` into ``out`` (``images_args``), a subprocess: on a
+    new local Ray, or (``executor="processes"``) in worker processes, no Ray."""
+    return mmpipe(*images_args(src, out, "--address", "local", "--executor", executor, *extra),
+                  home=home, env=env)
 
 
 @pytest.fixture
@@ -79,18 +97,18 @@ def table_paths(uri: str) -> list[str]:
 
 
 def test_readers_see_exactly_the_committed_rows_through_resume_overwrite_dedup_and_rebuild(
-        tmp_path, small_input, ray_local):
+        tmp_path, small_input, ray_local, capsys):
     home = tmp_path / "home"
     home.mkdir()
     out = tmp_path / "out"
     # 1. during a run: p-000001's attempt hangs; once the other three are committed the
     #    table lists exactly them (a reader of OUT/data would see p-000001's attempt files)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "run", "examples/images.yaml", "--input",
-         str(small_input), "--output", str(out), "--address", "local", "--executor", "ray",
-         *NO_MODEL, "--set", "sink.webdataset.enabled=true", "--set", "source.partition_size=3",
-         "--set", "dedup.dataset.enabled=false"], cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [sys.executable, "-m", "pipeline",
+         *images_args(small_input, out, "--address", "local", "--executor", "processes",
+                      "--set", "dedup.dataset.enabled=false")],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
         env=clean_ray_env(HOME=str(home), HF_HUB_OFFLINE="1", MMPIPE_CHAOS_HANG_ON="p-000001"))
     try:
         deadline = time.monotonic() + 180
@@ -117,7 +135,8 @@ def test_readers_see_exactly_the_committed_rows_through_resume_overwrite_dedup_a
     #    the run still succeeds, the failure is logged
     shutil.rmtree(out / "_delta_log")
     (out / "_delta_log").write_text("not a folder")
-    again = run_images(small_input, out, home, "--set", "dedup.dataset.enabled=false")
+    again = run_images(small_input, out, home, "--set", "dedup.dataset.enabled=false",
+                       executor="processes")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "Delta table not updated" in again.stderr
     want = committed_keys(out)
@@ -125,18 +144,18 @@ def test_readers_see_exactly_the_committed_rows_through_resume_overwrite_dedup_a
 
     # 3. `mmpipe table` catches up from the markers alone; --rebuild gives the same rows
     (out / "_delta_log").unlink()
-    synced = mmpipe("table", str(out), home=home)
+    synced = mmpipe_here(capsys, "table", str(out))
     assert synced.returncode == 0, synced.stdout + synced.stderr
     assert "4 committed partitions, 4 published now" in synced.stdout
     assert delta_keys(str(out)) == {"pandas": want, "polars": want, "daft": want}
     d = ray_local.data.read_delta(str(out), columns=["key"])
     assert sorted(r["key"] for r in d.take_all()) == want
-    rebuilt = mmpipe("table", str(out), "--rebuild", home=home)
+    rebuilt = mmpipe_here(capsys, "table", str(out), "--rebuild")
     assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
     assert delta_keys(str(out))["daft"] == want and table_paths(str(out)) == sorted(
         f for m in CheckpointStore(str(out)).markers().values() for f in m.files
         if f.startswith("data/"))
-    status = mmpipe("status", str(out), home=home)
+    status = mmpipe_here(capsys, "status", str(out))
     assert "4 of 4 committed partitions" in status.stdout, status.stdout + status.stderr
     # the error rows (empty.jpg, html_page.jpg) are in the quarantine table
     quarantine = table.table_uri(str(out), "quarantine")
@@ -150,8 +169,9 @@ def test_readers_see_exactly_the_committed_rows_through_resume_overwrite_dedup_a
     # 4. --mode overwrite (partitions of 4, the dataset-wide pass on): readers see the new
     #    generation once it is complete, through one overwrite commit, never an empty frame
     before = table.open_table(str(out)).version()
-    over = run_images(small_input, out, home, "--mode", "overwrite",
-                      "--set", "source.partition_size=4")
+    over = mmpipe_here(capsys, *images_args(small_input, out, "--address", "local",
+                                            "--executor", "ray", "--mode", "overwrite",
+                                            "--set", "source.partition_size=4"))
     assert over.returncode == 0, over.stdout + over.stderr
     new_root = out / "_generations" / "g-000002"
     assert not (out / "data").exists() and (new_root / "_SUCCESS").exists()
@@ -179,7 +199,7 @@ def test_readers_see_exactly_the_committed_rows_through_resume_overwrite_dedup_a
     assert "zz_copy" not in view["key"].to_list() and view.height == 11 - 2 - 1
 
     # 6. gc keeps the tables (mmpipe's own names, no generation's garbage)
-    gc = mmpipe("gc", str(out), "--lease-margin-s", "0", home=home)
+    gc = mmpipe_here(capsys, "gc", str(out), "--lease-margin-s", "0")
     assert gc.returncode == 0, gc.stdout + gc.stderr
     assert table.state(str(out))["in_step"] is True and delta_keys(str(out))["pandas"] == want
 
