@@ -31,22 +31,23 @@ os.environ.setdefault("RAY_SCHEDULER_EVENTS", "0")
 #: on one worker while the other sat idle (xdist's default order, by number of tests per file,
 #: put exactly these few-test, heavy files last). Files not named follow in collection order.
 HEAVY_FIRST = (
-    "tests/e2e/test_admission.py", "tests/dedup/test_dedup_pass.py", "tests/test_readme.py",
-    "tests/dedup/test_dedup_edges.py", "tests/e2e/test_resume.py",
-    "tests/runtime/test_process_executor.py", "tests/e2e/test_append.py",
-    "tests/output/test_delta_table.py", "tests/deploy/test_local_head.py",
+    "tests/test_readme.py", "tests/e2e/test_admission.py",
+    "tests/runtime/test_process_executor.py", "tests/deploy/test_local_head.py",
     "tests/deploy/test_submit.py", "tests/s3/test_storage_outage.py",
     "tests/runtime/test_foreign_ray.py", "tests/s3/test_s3_faults.py",
     "tests/runtime/test_dashboard.py", "tests/e2e/test_output_safety.py",
+    "tests/dedup/test_dedup_pass.py", "tests/e2e/test_resume.py",
     "tests/test_quality_example.py", "tests/runtime/test_metrics.py",
-    "tests/chaos/test_attempt_timeout.py", "tests/runtime/test_cli_terminal.py",
-    "tests/e2e/test_cases_accounting.py", "tests/deploy/test_image_requirements.py",
-    "tests/bench/test_throughput.py", "tests/e2e/test_shared_cluster.py",
+    "tests/dedup/test_dedup_edges.py", "tests/chaos/test_attempt_timeout.py",
+    "tests/runtime/test_cli_terminal.py", "tests/e2e/test_cases_accounting.py",
+    "tests/deploy/test_image_requirements.py", "tests/bench/test_throughput.py",
+    "tests/e2e/test_shared_cluster.py", "tests/output/test_delta_table.py",
     "tests/models/test_image_classifier.py", "tests/security/test_local_ray_loopback.py",
     "tests/bench/test_peers.py", "tests/test_plugins.py", "tests/chaos/test_elastic_pool.py",
     "tests/e2e/test_inputs.py", "tests/models/test_device_decode.py",
     "tests/chaos/test_node_loss.py", "tests/models/test_model_job.py",
     "tests/runtime/test_metric_cardinality.py", "tests/chaos/test_poison.py",
+    "tests/e2e/test_append.py",
 )
 
 
