@@ -1,5 +1,5 @@
 """The dataset-wide dedup pass at its edges, on a real local Ray (the session's: jobs and
-``mmpipe`` commands run in this process, ``tests/dedup/inproc.py``):
+``mmpipe`` commands run in this process, ``tests/inproc.py``):
 
 - finding 7 (T3-01): distinct flat images are never near duplicates; an exact byte copy of
   one still is; all stay in the deduplicated view;
@@ -33,7 +33,7 @@ from pipeline.runtime.driver import run_job
 from pipeline.spec import JobSpec
 from tests.conftest import CASES
 from tests.dedup.copies import PHOTOS
-from tests.dedup.inproc import json_out, mmpipe
+from tests.inproc import json_out, mmpipe
 from tests.dedup.test_dedup_pass import SPEC
 
 T3_01 = CASES / "T3-01_phash_flat_images" / "files"

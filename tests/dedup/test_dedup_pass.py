@@ -1,7 +1,7 @@
 """The dataset-wide dedup pass as users run it: ``mmpipe run`` with ``dedup.dataset.enabled``
 (the pass follows the main pass) and ``mmpipe dedup OUTPUT``, over copies of the bundled
 photos spread across partitions. The commands run in this process on the session's Ray
-(``tests/dedup/inproc.py``: the same ``cli.main``, exit codes and output, without a Ray
+(``tests/inproc.py``: the same ``cli.main``, exit codes and output, without a Ray
 start and stop of their own per command); ``mmpipe`` below, a real subprocess, where the
 claim is the process's (an error before any Ray starts)."""
 
@@ -21,8 +21,8 @@ from pipeline.dedup.store import DedupStore, latest_duplicates
 from pipeline.read import read_output
 from tests.conftest import REPO
 from tests.dedup.copies import PHOTOS, SOME, byte_copies, near_copies, stem
-from tests.dedup.inproc import json_out
-from tests.dedup.inproc import mmpipe as mmpipe_here
+from tests.inproc import json_out
+from tests.inproc import mmpipe as mmpipe_here
 from tests.e2e.jobs import clean_ray_env
 
 SPEC = """\

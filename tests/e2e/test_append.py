@@ -4,7 +4,7 @@ pass covers them; a planned object deleted since is one ``input_missing`` row; `
 on a grown listing says how many objects are not planned. Locally (with Ray and the
 dedup pass) and on S3 (SeaweedFS, worker processes).
 
-Locally the commands run in this process on the session's Ray (``tests/dedup/inproc.py``:
+Locally the commands run in this process on the session's Ray (``tests/inproc.py``:
 the same ``cli.main``, its exit codes and what it prints, without a local Ray start and
 stop per command, ~6 s each): what the test claims is the plan, the partitions run, the
 reports, the markers and the dedup pass's result, none of which depends on whose Ray it
@@ -22,8 +22,8 @@ from pipeline.read import read_output
 from pipeline.storage import fs
 from tests.conftest import upload_dir
 from tests.dedup.copies import PHOTOS
-from tests.dedup.inproc import json_out
-from tests.dedup.inproc import mmpipe as mmpipe_here
+from tests.inproc import json_out
+from tests.inproc import mmpipe as mmpipe_here
 from tests.dedup.test_dedup_pass import mmpipe
 
 SPEC = """\

@@ -197,39 +197,40 @@ def test_overwrite_refuses_an_input_inside_the_output_and_deletes_nothing(tmp_pa
     assert sorted(data.rglob("*")) == before
 
 
-def test_gc_every_second_during_a_job_on_s3(s3_server, s3_env, tmp_path):
-    """The same reproduction on a real S3 API: `mmpipe run` (its own Ray) writes to the
+def test_gc_every_second_during_a_job_on_s3(ray_local, s3_server, s3_env, capsys):
+    """The same reproduction on a real S3 API: `mmpipe run --executor ray` writes to the
     local S3 server while gc runs every half second with a 0.5 s margin over 2 s leases.
-    No text embedding: the claim is about leases and gc, not the model."""
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-    from tests.e2e.jobs import NO_MODEL, PARTITIONS, clean_ray_env, finish, shared_photos
+    The command runs in this process on the session's Ray (``tests/inproc.py``: the
+    S3 credentials reach its actors as a subprocess's environment would; a Ray of its own
+    would add ~6 s of start-up and shutdown to a job of a few seconds), gc on a thread
+    beside it with requests of its own, as before from this process while the command ran in
+    another. No text embedding: the claim is about leases and gc, not the model."""
+    from tests.inproc import mmpipe
+    from tests.e2e.jobs import NO_MODEL, PARTITIONS, shared_photos
+    from tests.s3.inproc_jobs import quickstart_argv
 
     out = f"s3://{s3_env}/out"
-    home = tmp_path / "home"
-    home.mkdir()
-    cmd = [sys.executable, "-m", "pipeline", "run", "examples/quickstart.yaml", "--address",
-           "local", "--executor", "ray", "--output", out,
-           "--input", shared_photos(s3_server),
-           "--set", "source.partition_size=3", "--set", "runtime.num_workers=1",
-           "--set", "runtime.batch_size=3", "--set", "runtime.lease_s=2",
-           "--set", "runtime.lease_renew_s=0.5", "--set", NO_MODEL[0]]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_ray_env(HOME=str(home), HF_HUB_OFFLINE="1",
-                                                             **s3_server.env()),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    runs = 0
-    try:
-        while proc.poll() is None:
+    argv = quickstart_argv(out, shared_photos(s3_server),
+                           sets=("runtime.lease_s=2", "runtime.lease_renew_s=0.5", *NO_MODEL))
+    done = threading.Event()
+    runs = {"n": 0}
+
+    def gc_loop():
+        while not done.is_set():
             if fs.exists(f"{out}/_plan/partitions.parquet"):
                 gc.delete(out, gc.collect(out, margin_s=0.5))
-                runs += 1
-            time.sleep(0.5)
+                runs["n"] += 1
+            done.wait(0.5)      # the gc interval (ends early once the job is over)
+    gc_thread, box = _in_thread(gc_loop)
+    try:
+        run = mmpipe(capsys, *argv, env=s3_server.env())
     finally:
-        log = finish(proc)
-    assert runs >= 2, log
+        done.set()
+        gc_thread.join(60)
+    if "error" in box:
+        raise box["error"]
+    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    assert runs["n"] >= 2, (runs, run.stdout[-3000:])
     markers = _verify_every_committed_file(out)
     assert len(markers) == PARTITIONS
     assert json.loads(fs.read_bytes(f"{out}/_SUCCESS"))["complete"] is True

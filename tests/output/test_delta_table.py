@@ -11,7 +11,7 @@ the resume whose failed table write is logged to stderr - both with worker proce
 Ray: the claims are the driver's and the tables', on either executor). The
 ``--mode overwrite`` run (the dataset-wide dedup pass: Ray) and the commands that read or
 repair the tables (``mmpipe table``, ``status``, ``gc``) run ``cli.main`` in this process
-on the session's Ray (``tests/dedup/inproc.py``: the same command, its exit code and what
+on the session's Ray (``tests/inproc.py``: the same command, its exit code and what
 it prints, without a local Ray start and stop of its own).
 """
 
@@ -32,7 +32,7 @@ from pipeline.output import table
 from pipeline.output.checkpoint import CheckpointStore
 from pipeline.read import read_output
 from tests.conftest import CASES, PHOTOS, REPO, coco_captions
-from tests.dedup.inproc import mmpipe as mmpipe_here
+from tests.inproc import mmpipe as mmpipe_here
 from tests.e2e.jobs import clean_ray_env
 
 NO_MODEL = ["--set", "text_embedding.enabled=false"]

@@ -1,5 +1,6 @@
 """``mmpipe`` commands run in this process (``cli.main``) on the session's shared Ray
-(``ray_local``), for the dedup pass's end-to-end tests.
+(``ray_local``), for end-to-end tests whose claim is a command's exit code, output and
+what it leaves in the output, not the process (dedup, append, Delta table, S3 faults).
 
 A ``mmpipe run``/``mmpipe dedup`` subprocess starts and stops a local Ray of its own (~6 s
 wall, ~4 CPU-s on a 2-core machine); what these tests claim is the commands' exit codes,
