@@ -38,11 +38,13 @@ CODECS = ("libx264", "copy")
 OUT_TIME_BASE = Fraction(1, 90_000)  # of the re-encoded stream when the frame rate is kept
 
 #: Held around every libx264 call of this process (open on the first frame, encode, flush,
-#: close): two encoders running at once in one process (a step's row threads) gave clip
-#: files that differ from run to run (measured: 35 of 81 encodes of one 4 s span differed,
-#: by up to 19 levels, while another thread encoded; 15 of 15 equal with this lock, 31 of
-#: 31 without the other thread), so the same span would not give the same bytes twice.
-#: Decoding stays concurrent; a worker process runs one encode at a time.
+#: close), so a step's row threads encode one frame at a time. It makes the bytes of a clip
+#: likelier, not certain, to repeat: with another thread encoding, 35 of 81 encodes of one
+#: 4 s span differed without it and 15 of 15 were equal with it, but with the lock and any
+#: other busy thread in the process (even a numpy matmul) 1-18 of 120 encodes with the
+#: same input frames (threads=1) still differed, in the last 3 bytes of a slice (measured
+#: on PyAV's bundled libx264). Clip files are therefore not compared by bytes across runs;
+#: the frames fed to libx264 are deterministic.
 _X264_LOCK = threading.RLock()
 
 

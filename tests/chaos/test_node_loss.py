@@ -16,10 +16,11 @@ def test_worker_node_removed_mid_job(tmp_path):
     result_path = tmp_path / "result.json"
     killed, clean = str(tmp_path / "killed"), str(tmp_path / "clean")
     env = clean_ray_env(HOME=str(tmp_path), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "tests/chaos/multinode_scenario.py", killed, clean,
+    proc = subprocess.run([sys.executable, "-X", "faulthandler",
+                           "tests/chaos/multinode_scenario.py", killed, clean,
                            str(result_path)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=420)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
     r = json.loads(result_path.read_text())
     report = r["killed"]
     assert report["complete"] and r["workers_on_removed_node"] == 2

@@ -4,6 +4,7 @@ rows, clip decode windows, clip files, on the bundled real videos."""
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import av
@@ -130,15 +131,34 @@ def test_clip_rows_decode_only_their_span_and_encode_to_their_span(tmp_path):
 
 def test_one_pass_decodes_each_clip_once_and_writes_the_same_clips(tmp_path, monkeypatch):
     """VideoDecodeStep with a clip encoder (a libx264 job): one decode per clip row feeds
-    the sampled frames and the clip file; frames, timestamps and clip files match the two
-    passes of VideoDecodeStep then ClipEncodeStep."""
+    the sampled frames and the clip file; frames, timestamps and the frames handed to
+    libx264 (pts, duration, every plane's bytes) match the two passes of VideoDecodeStep
+    then ClipEncodeStep, and the clip files decode to the same frame count and pictures.
+
+    Not byte-identical files: this libx264 build's output is not a pure function of its
+    input (measured: with any other thread busy in the process, 1-18 of 120 encodes of one
+    span, threads=1 and the same frames, differed in the last 3 bytes of 2 slices, so
+    decoded frames differed by up to 5 levels from there on); so the files are compared
+    by PSNR, the encoder's input exactly."""
+    import pipeline.media.clip_encode as media_clip_encode
     import pipeline.media.video as media_video
 
+    fed: list[tuple] = []
+    write = media_clip_encode.ClipEncoder._write
+
+    def recording(self, duration):
+        frame, pts = self.pending
+        fed.append((self.out_path, pts, duration,
+                    hashlib.sha256(b"".join(bytes(p) for p in frame.planes)).hexdigest()))
+        return write(self, duration)
+
+    monkeypatch.setattr(media_clip_encode.ClipEncoder, "_write", recording)
     video = VideoSpec(sampling="fps", fps=2.0, clips=FIXED)
     (tmp_path / "two").mkdir()
     (tmp_path / "one").mkdir()
     two = ClipEncodeStep(FIXED, str(tmp_path / "two"))(
         VideoDecodeStep(video)(ClipSplitStep(FIXED)(video_batch([CHAPLIN, NASA]))))
+    fed_two, fed[:] = list(fed), []
     opened: list[str] = []
     decoder = media_video._Decoder
 
@@ -156,16 +176,23 @@ def test_one_pass_decodes_each_clip_once_and_writes_the_same_clips(tmp_path, mon
     assert one[FRAME_TIMESTAMPS_S] == two[FRAME_TIMESTAMPS_S]
     assert all((a == b).all() for fa, fb in zip(one[FRAMES], two[FRAMES])
                for a, b in zip(fa, fb))
+    # the same frames, times and durations reach libx264, clip by clip, in the same order
+    by_clip = {}
+    for name, f in (("one", fed), ("two", fed_two)):
+        paths = list(dict.fromkeys(r[0] for r in f))
+        assert len(paths) == n, name
+        by_clip[name] = [[r[1:] for r in f if r[0] == p] for p in paths]
+    assert by_clip["one"] == by_clip["two"]
+    assert [len(c) for c in by_clip["one"]] == one[CLIP_FRAMES]
     for i in range(n):
         assert one[CLIP_BYTES][i] == Path(one[CLIP_FILE][i]).stat().st_size
         with av.open(one[CLIP_FILE][i]) as c, av.open(two[CLIP_FILE][i]) as d:
             got = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
             want = [f.to_ndarray(format="rgb24") for f in d.decode(video=0)]
-        assert len(got) == len(want) and abs(len(got) - one[CLIP_FRAMES][i]) <= 1
-        differ = [k for k, (a, b) in enumerate(zip(got, want)) if not (a == b).all()]
-        assert not differ, (i, one[CLIP_SPAN][i] if CLIP_SPAN in one else None, differ[:10],
-                            [int(abs(got[k].astype(int) - want[k]).max()) for k in differ[:5]])
-    assert one[SHA256] == two[SHA256]      # byte-identical clip files
+        assert len(got) == len(want) == one[CLIP_FRAMES][i]
+        for k, (a, b) in enumerate(zip(got, want)):
+            mse = float(((a.astype(float) - b) ** 2).mean())
+            assert mse == 0 or 10 * math.log10(255 ** 2 / mse) > 40, (i, k, mse)
     with pytest.raises(ValueError, match="clip_encoder must re-encode"):
         VideoDecodeStep(video, clip_encoder=ClipEncodeStep(
             ClipsSpec(method="fixed", clip_s=4.0, transcode={"codec": "copy"})))
