@@ -216,10 +216,11 @@ def runnable(commands: list[Command], everything: bool) -> list[Command]:
     keep: list[Command] = []
     needed: set[str] = set()   # what the commands kept after this one read, unwritten between
     for c in reversed(todo):   # (a job that only a skipped job reads is skipped too)
-        provided = overlapping(needed, c.outputs_written()) if c.is_job else set()
-        if not c.is_job or provided:
-            keep.append(c)
-            needed = (needed - provided) | c.outputs_read()
+        written = c.outputs_written() if c.is_job else set()
+        if not c.is_job or overlapping(needed, written):
+            keep.append(c)   # reads inside what it writes need nothing earlier
+            needed = {r for r in needed if not any(r == w or r.startswith(w + "/")
+                                                   for w in written)} | c.outputs_read()
     return keep[::-1]
 
 
