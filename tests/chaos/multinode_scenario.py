@@ -45,9 +45,15 @@ def start_cluster(tries: int = 3, num_cpus: int = 0) -> Cluster:
 
 def main(out_killed: str, out_clean: str, result_path: str) -> None:
     cluster = start_cluster()
+    # the driver joins while the head is the only node: with several nodes on one IP,
+    # ray.init may attach to any of their raylets, and removing the one it attached to
+    # shuts the driver down (Cluster.remove_node raises ValueError); seen in CI under load
+    ray.init(address=cluster.address, logging_level="WARNING")
     keep = cluster.add_node(num_cpus=2)
     doomed = cluster.add_node(num_cpus=2)
-    ray.init(address=cluster.address, logging_level="WARNING")
+    cluster.wait_for_nodes()
+    driver_node = ray.get_runtime_context().get_node_id()
+    assert driver_node == cluster.head_node.node_id, (driver_node, doomed.node_id)
     overrides = ["source.partition_size=3", "runtime.num_workers=4", "runtime.batch_size=1",
                  "text_embedding.enabled=false"]
     result: dict = {}

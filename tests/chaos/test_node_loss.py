@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from pipeline.output.checkpoint import CheckpointStore
 from tests.conftest import REPO
 from tests.e2e.jobs import PARTITIONS, assert_same_output, clean_ray_env
@@ -20,7 +22,11 @@ def test_worker_node_removed_mid_job(tmp_path):
                            "tests/chaos/multinode_scenario.py", killed, clean,
                            str(result_path)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=420)
-    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
+    if proc.returncode != 0:   # pytest.fail: an assert's repr would cut the traceback out
+        tail = proc.stderr[proc.stderr.rfind("Traceback"):] if "Traceback" in proc.stderr \
+            else proc.stderr[-4000:]
+        pytest.fail(f"scenario exited {proc.returncode}\nstdout: {proc.stdout[-2000:]}\n"
+                    f"stderr from its traceback: {tail[-6000:]}", pytrace=False)
     r = json.loads(result_path.read_text())
     report = r["killed"]
     assert report["complete"] and r["workers_on_removed_node"] == 2
