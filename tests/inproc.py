@@ -44,6 +44,20 @@ class _WithEnv:
         return self.options().remote(*args, **kwargs)
 
 
+def command(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``mmpipe ARGS`` for a command that starts no job (``status``, ``ls``, ``validate``,
+    ``spec``) in this process: its exit code and what it printed (``capsys``), as a
+    ``CompletedProcess``. An exception ``cli.main`` lets through (a subprocess would print
+    its traceback) fails the calling test. Saves the ~1 CPU-s of a Python start and
+    ``pipeline`` import per command."""
+    before = capsys.readouterr()                          # not the command's output
+    code = cli.main(list(args))
+    got = capsys.readouterr()
+    sys.stdout.write(before.out)
+    sys.stderr.write(before.err)
+    return subprocess.CompletedProcess(["mmpipe", *args], code, got.out, got.err)
+
+
 def mmpipe(capsys, *args: str, env: dict[str, str] | None = None
            ) -> subprocess.CompletedProcess:
     """``mmpipe ARGS`` in this process on the connected Ray; ``env`` in its actors'

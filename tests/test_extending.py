@@ -36,6 +36,7 @@ from pipeline.steps.base import RowStep
 from tests.assembly.mean_brightness_step import MEAN_BRIGHTNESS, MeanBrightnessStep
 from tests.conftest import PHOTOS, REPO
 from tests.output.keys_datasink import KeysDatasink
+from tests import inproc
 
 
 def _files_spec(tmp_path, **extra) -> JobSpec:
@@ -201,10 +202,10 @@ def test_every_built_in_step_declares_reads_written_before_it(tmp_path):
     assert resize.reads == (PIXELS,)
 
 
-def test_validate_explain_prints_the_assembled_pipeline():
-    out = subprocess.run([sys.executable, "-m", "pipeline", "validate", "--explain",
-                          "examples/images.yaml"], capture_output=True, text=True, cwd=REPO,
-                         check=True).stdout
+def test_validate_explain_prints_the_assembled_pipeline(capsys):
+    done = inproc.command(capsys, "validate", "--explain", str(REPO / "examples/images.yaml"))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     fp = assemble(JobSpec.model_validate(
         __import__("yaml").safe_load((REPO / "examples/images.yaml").read_text()))).fingerprint
     assert out.splitlines()[0].endswith(f"fingerprint {fp}")

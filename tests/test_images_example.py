@@ -114,17 +114,16 @@ def test_a_webdataset_json_member_without_the_configured_key_is_flagged_alike(tm
                                                                {"id": 2}]
 
 
-def test_a_copy_in_another_partition_is_caught_by_the_dataset_pass(tmp_path):
+def test_a_copy_in_another_partition_is_caught_by_the_dataset_pass(ray_local, tmp_path,
+                                                                     capsys):
     """The example on a folder of one's own (`--input DIR`): a byte copy of a photo that
     sorts into another partition is no in-partition duplicate (every row `ok`); the
     dataset-wide pass the example turns on finds it, and the deduplicated view leaves it
-    out. A real run: `python -m pipeline run` (the pass starts a local Ray)."""
-    import subprocess
-    import sys
-
+    out. ``mmpipe run`` in this process on the session's Ray (``tests/inproc.py``; the
+    local Ray the pass starts from a shell is tests/runtime's and test_readme's)."""
     from pipeline.dedup.store import latest_duplicates
     from pipeline.read import read_output
-    from tests.e2e.jobs import clean_ray_env
+    from tests import inproc
 
     folder = tmp_path / "photos"
     folder.mkdir()
@@ -133,13 +132,9 @@ def test_a_copy_in_another_partition_is_caught_by_the_dataset_pass(tmp_path):
         (folder / photo.name).write_bytes(photo.read_bytes())
     (folder / "zz_copy.jpg").write_bytes(photos[0].read_bytes())   # last: partition 3 of 3
     out = tmp_path / "out"
-    home = tmp_path / "home"
-    home.mkdir()
-    run = subprocess.run([sys.executable, "-m", "pipeline", "run", str(IMAGES), "--input",
-                          str(folder), "--output", str(out), "--set", "source.partition_size=4",
-                          "--set", "text_embedding.enabled=false"], cwd=REPO,
-                         capture_output=True, text=True, timeout=600,
-                         env=clean_ray_env(HOME=str(home), HF_HUB_OFFLINE="1"))
+    run = inproc.mmpipe(capsys, "run", str(IMAGES), "--input", str(folder), "--output",
+                        str(out), "--set", "source.partition_size=4",
+                        "--set", "text_embedding.enabled=false")
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert "partitions: 3 total, 3 committed now" in run.stdout
     assert "rows: ok=9 rejected=0 error=0" in run.stdout      # no partition holds both

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
@@ -11,6 +9,7 @@ from pipeline.errors import SpecError
 from pipeline.assembly import fingerprint
 from pipeline.spec import JobSpec, load_spec
 from tests.conftest import REPO
+from tests import inproc
 
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 
@@ -53,22 +52,18 @@ def test_fingerprint_tracks_output_fields_only():
     assert fingerprint(load_spec(QUICKSTART, ["source.partition_size=5"])) != base
 
 
-def test_cli_validate_exit_codes(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "pipeline", "validate", str(QUICKSTART)],
-                        capture_output=True, text=True, cwd=REPO)
+def test_cli_validate_exit_codes(tmp_path, capsys):
+    ok = inproc.command(capsys, "validate", str(QUICKSTART))
     assert ok.returncode == 0, ok.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("source: {kind: files, uri: /x, partition_size: 0}\nsink: {uri: /y}\n")
-    out = subprocess.run([sys.executable, "-m", "pipeline", "validate", str(bad)],
-                         capture_output=True, text=True, cwd=REPO)
+    out = inproc.command(capsys, "validate", str(bad))
     assert out.returncode == 2
     assert "source.partition_size" in out.stderr and "got 0" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "pipeline", "validate", str(QUICKSTART),
-                          "--set", "source.kind=ftp"], capture_output=True, text=True, cwd=REPO)
+    out = inproc.command(capsys, "validate", str(QUICKSTART), "--set", "source.kind=ftp")
     assert out.returncode == 2 and "source.kind" in out.stderr and "'ftp'" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "pipeline", "validate", str(QUICKSTART),
-                          "--input", "data/photos", "--set", "source.kind=files"],
-                         capture_output=True, text=True, cwd=REPO)
+    out = inproc.command(capsys, "validate", str(QUICKSTART), "--input",
+                         str(REPO / "data/photos"), "--set", "source.kind=files")
     assert out.returncode == 2 and out.stdout == ""
     assert ("source.path_column: 'file' does not apply to source.kind 'files' (used by: "
             "manifest)") in out.stderr

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import jsonschema
 import yaml
 
 from pipeline import spec_doc
 from tests.conftest import REPO
+from tests import inproc
 
 SPECS = sorted([*(REPO / "examples").glob("*.yaml"), *(REPO / "deploy" / "jobs").glob("*.yaml")])
 
@@ -36,9 +35,8 @@ def test_every_field_and_section_is_described_in_the_reference():
     assert "| `source.path_column` | - | yes | - |" in text
 
 
-def test_cli_prints_the_json_schema_and_the_bundled_specs_validate(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "pipeline", "spec", "--schema"],
-                         capture_output=True, text=True, cwd=REPO, timeout=60)
+def test_cli_prints_the_json_schema_and_the_bundled_specs_validate(tmp_path, capsys):
+    out = inproc.command(capsys, "spec", "--schema")
     assert out.returncode == 0, out.stderr
     schema = json.loads(out.stdout)
     assert schema["$schema"] == spec_doc.SCHEMA_DIALECT and schema["required"] == ["source", "sink"]
@@ -54,6 +52,5 @@ def test_cli_prints_the_json_schema_and_the_bundled_specs_validate(tmp_path):
     messages = sorted(e.message for e in validator.iter_errors(bad))
     assert len(messages) == 2 and "'ftp' is not one of" in messages[0], messages
     assert "'sise_px' was unexpected" in messages[1], messages
-    md = subprocess.run([sys.executable, "-m", "pipeline", "spec"], capture_output=True,
-                        text=True, cwd=REPO, timeout=60)
+    md = inproc.command(capsys, "spec")
     assert md.returncode == 0 and md.stdout == spec_doc.markdown()

@@ -6,8 +6,6 @@ the one it had when both were always computed."""
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 
 import yaml
 
@@ -20,6 +18,7 @@ from pipeline.spec import JobSpec
 from pipeline.steps.image import HashStep
 from tests.assembly.test_assembly import _files_spec, _run_first_partition
 from tests.conftest import PHOTOS, REPO
+from tests import inproc
 
 NO_DEDUP = {"dedup": {"exact": False, "near": False}}
 
@@ -80,17 +79,21 @@ def test_default_fingerprint_is_unchanged(tmp_path):
     assert assemble(spec).settings()["steps"]["HashStep"] == {}
 
 
-def test_validate_explain_names_why(tmp_path):
+def _explain(capsys, path) -> str:
+    done = inproc.command(capsys, "validate", "--explain", str(path))
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_validate_explain_names_why(tmp_path, capsys):
     spec = {"name": "x", "source": {"kind": "files", "uri": str(PHOTOS)},
             "sink": {"uri": str(tmp_path / "out")}, "text_embedding": {"enabled": False},
             "dedup": {"exact": True, "near": False}}
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(spec))
-    out = subprocess.run([sys.executable, "-m", "pipeline", "validate", "--explain", str(path)],
-                         capture_output=True, text=True, cwd=REPO, check=True).stdout
+    out = _explain(capsys, path)
     assert "sha256 needed by dedup.exact" in out and "phash:" not in out
     spec["dedup"] = NO_DEDUP["dedup"]
     path.write_text(yaml.safe_dump(spec))
-    out = subprocess.run([sys.executable, "-m", "pipeline", "validate", "--explain", str(path)],
-                         capture_output=True, text=True, cwd=REPO, check=True).stdout
+    out = _explain(capsys, path)
     assert "no hash step" in out and "sha256" not in out.split("output columns")[1]

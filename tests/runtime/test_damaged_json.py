@@ -6,8 +6,6 @@ made ``mmpipe status`` crash with ``JSONDecodeError``."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -19,7 +17,7 @@ from pipeline.output.layout import OutputLayout
 from pipeline.runtime import status
 from pipeline.runtime.partition import run_partition
 from pipeline.spec import JobSpec
-from tests.conftest import REPO
+from tests import inproc
 
 
 @pytest.fixture
@@ -41,14 +39,16 @@ def output(mixed_input, tmp_path) -> tuple[str, str, str]:
     return out, first, second
 
 
-def _mmpipe(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, check=False)
+@pytest.fixture
+def _mmpipe(capsys):
+    """``mmpipe ARGS`` in this process (``tests/inproc.command``): a traceback in a shell
+    is an exception through ``cli.main`` here, which fails the test."""
+    return lambda *args: inproc.command(capsys, *args)
 
 
 @pytest.mark.parametrize("content", [b"", b'{"partition_id": "p-0', b"\xff\xfe", b"[1, 2]"],
                          ids=["empty", "cut-short", "not-utf8", "not-an-object"])
-def test_a_damaged_failure_record_still_reads_as_a_failure(output, content):
+def test_a_damaged_failure_record_still_reads_as_a_failure(_mmpipe, output, content):
     out, _, second = output
     path = OutputLayout(out).failure(second)
     CheckpointStore(out).record_failure(second, {"partition_id": second, "error": "boom"})
@@ -62,7 +62,7 @@ def test_a_damaged_failure_record_still_reads_as_a_failure(output, content):
     assert list(state["partitions_failed"]) == [second] and state["partitions_committed"] == 1
 
 
-def test_a_damaged_success_file_is_a_warning(output):
+def test_a_damaged_success_file_is_a_warning(_mmpipe, output):
     out, _, _ = output
     success = OutputLayout(out).success
     with open(success, "wb") as f:
@@ -72,7 +72,7 @@ def test_a_damaged_success_file_is_a_warning(output):
     assert f"  warning: unreadable {success}: " in got.stdout and "Traceback" not in got.stderr
 
 
-def test_a_damaged_commit_marker_gives_a_message_and_a_defined_code(output):
+def test_a_damaged_commit_marker_gives_a_message_and_a_defined_code(_mmpipe, output):
     out, first, _ = output
     marker = OutputLayout(out).marker(first)
     with open(marker, "wb") as f:
