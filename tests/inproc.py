@@ -53,7 +53,7 @@ def command(capsys, *args: str) -> subprocess.CompletedProcess:
     before = capsys.readouterr()                          # not the command's output
     code = cli.main(list(args))
     got = capsys.readouterr()
-    sys.stdout.write(before.out)
+    sys.stdout.write(before.out)                          # kept for the test's report
     sys.stderr.write(before.err)
     return subprocess.CompletedProcess(["mmpipe", *args], code, got.out, got.err)
 
@@ -65,7 +65,6 @@ def mmpipe(capsys, *args: str, env: dict[str, str] | None = None
     import ray
 
     assert ray.is_initialized(), "request the ray_local fixture"
-    before = capsys.readouterr()                          # not the command's output
 
     def keep_connected(address, **kwargs):
         assert address == "local", address                # a Ray of its own, as a user's
@@ -81,15 +80,11 @@ def mmpipe(capsys, *args: str, env: dict[str, str] | None = None
             m.setattr(executors, "remote_worker", lambda: _WithEnv(cls, env))
             m.setattr(dedup_pass, "DedupWorker", _WithEnv(dedup_pass.DedupWorker, env))
         try:
-            code = cli.main(list(args))
+            return command(capsys, *args)
         finally:
             for k in set(os.environ) - set(environ):   # quiet_env's RAY_* defaults
                 del os.environ[k]
             os.environ.update(environ)
-    got = capsys.readouterr()
-    sys.stdout.write(before.out)                          # kept for the test's report
-    sys.stderr.write(before.err)
-    return subprocess.CompletedProcess(["mmpipe", *args], code, got.out, got.err)
 
 
 def json_out(stdout: str) -> dict:
