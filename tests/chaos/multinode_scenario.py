@@ -47,7 +47,9 @@ def main(out_killed: str, out_clean: str, result_path: str) -> None:
     cluster = start_cluster()
     # the driver joins while the head is the only node: with several nodes on one IP,
     # ray.init may attach to any of their raylets, and removing the one it attached to
-    # shuts the driver down (Cluster.remove_node raises ValueError); seen in CI under load
+    # shuts the driver down (Cluster.remove_node raises ValueError); seen in CI under load.
+    # The state API is given the address too: without it, it looks for Ray instances on
+    # this machine and fails when the suite's other clusters are running (CI, stop 56)
     ray.init(address=cluster.address, logging_level="WARNING")
     keep = cluster.add_node(num_cpus=2)
     doomed = cluster.add_node(num_cpus=2)
@@ -67,7 +69,8 @@ def main(out_killed: str, out_clean: str, result_path: str) -> None:
         # remove the node once it has both its workers up and 4 partitions are committed
         while job.is_alive() and (len(markers(out_killed)) < 4 or len(on_doomed) < 2):
             time.sleep(0.1)
-            on_doomed = [a for a in list_actors(filters=[("state", "=", "ALIVE")])
+            alive = list_actors(address=cluster.address, filters=[("state", "=", "ALIVE")])
+            on_doomed = [a for a in alive
                          if a.node_id == doomed_id and a.class_name == "PartitionWorker"]
         result["before"] = markers(out_killed)
         result["workers_on_removed_node"] = len(on_doomed)
