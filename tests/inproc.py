@@ -18,6 +18,7 @@ job's), so ``pipeline.runtime.chaos`` in that actor reads it from ``os.environ``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -42,6 +43,19 @@ class _WithEnv:
 
     def remote(self, *args, **kwargs):
         return self.options().remote(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def restored_environ():
+    """``os.environ`` as it was on entry, on exit: what a command set (``quiet_env``'s
+    ``RAY_*`` defaults, ``HF_HUB_OFFLINE``) removed, what it changed put back."""
+    environ = dict(os.environ)
+    try:
+        yield
+    finally:
+        for k in set(os.environ) - set(environ):
+            del os.environ[k]
+        os.environ.update(environ)
 
 
 def command(capsys, *args: str) -> subprocess.CompletedProcess:
@@ -70,8 +84,7 @@ def mmpipe(capsys, *args: str, env: dict[str, str] | None = None
         assert address == "local", address                # a Ray of its own, as a user's
         return local_ray.RaySession(local=False)
 
-    environ = dict(os.environ)
-    with pytest.MonkeyPatch.context() as m:
+    with pytest.MonkeyPatch.context() as m, restored_environ():
         m.delenv("RAY_ADDRESS", raising=False)            # set by ray_local's ray.init
         m.setattr(local_ray, "start", keep_connected)
         m.setattr(local_ray, "shutdown", lambda session: None)   # ray_local stays up
@@ -79,12 +92,7 @@ def mmpipe(capsys, *args: str, env: dict[str, str] | None = None
             cls = executors.remote_worker()
             m.setattr(executors, "remote_worker", lambda: _WithEnv(cls, env))
             m.setattr(dedup_pass, "DedupWorker", _WithEnv(dedup_pass.DedupWorker, env))
-        try:
-            return command(capsys, *args)
-        finally:
-            for k in set(os.environ) - set(environ):   # quiet_env's RAY_* defaults
-                del os.environ[k]
-            os.environ.update(environ)
+        return command(capsys, *args)
 
 
 def json_out(stdout: str) -> dict:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -41,14 +42,18 @@ T3_21 = CASES / "T3-21_dedup_no_duplicates"
 
 
 def _job(inp: Path, out: Path, partition_size: int, **dataset) -> JobSpec:
-    """A job over ``inp`` with the dataset-wide index, run in process on ``ray_local``."""
+    """A job over ``inp`` with the dataset-wide index, run in process on ``ray_local``: one
+    partition worker, and one dedup actor for the passes run with its ``dedup.dataset``
+    (each a Ray worker process to start; the claims here are about what the pass finds and
+    commits, which no actor count changes: tests/dedup/test_dedup_pass.py runs one output
+    on 1 and 3 actors)."""
     spec = JobSpec.model_validate({
         "name": "dedup-edges", "source": {"kind": "files", "uri": str(inp),
                                           "partition_size": partition_size},
         "sink": {"uri": str(out)}, "resize": {"size_px": 32},
         "text_embedding": {"enabled": False},
-        "dedup": {"dataset": {"enabled": True, "buckets": 4, **dataset}},
-        "runtime": {"batch_size": 16, "num_workers": 2, "max_attempts": 1}})
+        "dedup": {"dataset": {"enabled": True, "buckets": 4, "workers": 1, **dataset}},
+        "runtime": {"batch_size": 16, "num_workers": 1, "max_attempts": 1}})
     report = run_job(spec)
     assert report.complete, report.format()
     return spec
@@ -255,7 +260,10 @@ def test_gc_deletes_a_dead_task_attempts_files_once_its_lease_expired(indexed, c
     assert cli.main(["gc", str(out), "--lease-margin-s", "0"]) == 0     # live: kept
     assert (out / stray).exists() and "1 unreferenced files of running" in capsys.readouterr().out
     lease._renewer.stop()                  # the attempt dies without releasing its lease
-    time.sleep(1.0)
+    # until it has expired by the storage's clock (gc's: the lease file's mtime, its last
+    # renewal, plus the 0.5 s it lasts), not a fixed sleep
+    expires = os.stat(lease.uri).st_mtime + lease.record.duration_s()
+    time.sleep(max(0.0, expires - time.time()) + 0.05)
     assert cli.main(["gc", str(out), "--lease-margin-s", "0"]) == 0
     assert f"delete {out / stray}" in capsys.readouterr().out
     assert not (out / stray).exists() and not Path(lease.uri).exists()

@@ -2,8 +2,14 @@
 (the pass follows the main pass) and ``mmpipe dedup OUTPUT``, over copies of the bundled
 photos spread across partitions. The commands run in this process on the session's Ray
 (``tests/inproc.py``: the same ``cli.main``, exit codes and output, without a Ray
-start and stop of their own per command); ``mmpipe`` below, a real subprocess, where the
-claim is the process's (an error before any Ray starts)."""
+start and stop of their own per command), even the one that must exit before any Ray
+starts (``local_ray.start`` fails that test if called). ``mmpipe`` below, a real
+subprocess, is for other files' tests (tests/e2e/test_append.py, test_frame_dedup.py).
+
+``SPEC`` runs one partition worker and one dedup actor (each a Ray worker process, ~1-2
+CPU-s to start): what these tests claim is the pass's result, resumption and replay, not
+how many actors did the work; the exact pass's test runs the same output from scratch on
+1 and on 3 actors (in reverse task order), which must give the same table."""
 
 from __future__ import annotations
 
@@ -19,9 +25,10 @@ import pyarrow.parquet as pq
 from pipeline.dedup.groups import PAIRS_SCHEMA
 from pipeline.dedup.store import DedupStore, latest_duplicates
 from pipeline.read import read_output
+from pipeline.runtime import local_ray
 from tests.conftest import REPO
 from tests.dedup.copies import PHOTOS, SOME, byte_copies, near_copies, stem
-from tests.inproc import json_out
+from tests.inproc import command, json_out
 from tests.inproc import mmpipe as mmpipe_here
 from tests.e2e.jobs import clean_ray_env
 
@@ -32,8 +39,8 @@ sink: {{uri: {out}}}
 resize: {{size_px: 32}}
 text_embedding: {{enabled: false}}
 dedup:
-  dataset: {{enabled: true, buckets: 4}}
-runtime: {{batch_size: 16, num_workers: 2, max_attempts: 1}}
+  dataset: {{enabled: true, buckets: 4, workers: 1}}
+runtime: {{batch_size: 16, num_workers: 1, max_attempts: 1}}
 """
 
 
@@ -180,8 +187,12 @@ image_embedding: {{enabled: true, model: {clip}, score: false}}
 
 
 def test_dedup_of_an_output_without_an_index_fails_naming_the_setting(
-        tmp_path, ray_local, capsys):
-    inp, out, home = tmp_path / "in", tmp_path / "out", tmp_path / "home"
+        tmp_path, ray_local, capsys, monkeypatch):
+    """``mmpipe dedup`` exits 2 naming the setting, before any Ray starts: it runs in this
+    process (``cli.main``, whose return is the process's exit code, ``pipeline/__main__``)
+    with ``local_ray.start`` failing the test if called; an exception it let through (a
+    shell's traceback) would fail it too."""
+    inp, out = tmp_path / "in", tmp_path / "out"
     inp.mkdir()
     for p in PHOTOS[:3]:
         shutil.copyfile(p, inp / p.name)
@@ -189,7 +200,12 @@ def test_dedup_of_an_output_without_an_index_fails_naming_the_setting(
     spec.write_text(SPEC.format(inp=inp, out=out).replace("enabled: true, ", ""))
     run = mmpipe_here(capsys, "run", str(spec))
     assert run.returncode == 0, run.stderr
-    done = mmpipe(home, "dedup", str(out))                 # exits before any Ray starts
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("mmpipe dedup started Ray")
+
+    monkeypatch.setattr(local_ray, "start", no_ray)
+    done = command(capsys, "dedup", str(out))              # exits before any Ray starts
     assert done.returncode == 2, done.stdout + done.stderr
     assert "dedup.dataset.enabled" in done.stderr and "Traceback" not in done.stderr
     assert not (out / "_dedup").exists()

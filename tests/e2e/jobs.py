@@ -118,6 +118,8 @@ def wait_for_workers_gone(session_dir: str, timeout_s: float = 120) -> list:
     had in hand (seen: one marker more after the kill), then exits as its raylet is gone;
     once none is left, nothing of the killed run can write a marker. Returns the
     session's processes left then (Ray's agents: what the next local run stops)."""
+    import psutil
+
     from pipeline.runtime.local_ray import session_processes
 
     deadline = time.monotonic() + timeout_s
@@ -127,7 +129,9 @@ def wait_for_workers_gone(session_dir: str, timeout_s: float = 120) -> list:
         if not workers:
             return left
         assert time.monotonic() < deadline, [_cmdline(p) for p in workers]
-        time.sleep(0.1)
+        # wait on those workers' exits (not a rescan of every process each 0.1 s), then
+        # look again: a scan that finds none is what returns
+        psutil.wait_procs(workers, timeout=max(0.1, deadline - time.monotonic()))
 
 
 def _cmdline(proc) -> str:
@@ -164,15 +168,19 @@ def shared_photos(server) -> str:
     return _SHARED[key]
 
 
-def clean_reference(tmp_path_factory, server=None, sets: tuple[str, ...] = NO_MODEL) -> str:
+def clean_reference(tmp_path_factory, server=None, sets: tuple[str, ...] = NO_MODEL,
+                    executor: str = "ray") -> str:
     """The output root of a clean, uninterrupted quickstart run (the ``mmpipe_run`` settings
     plus ``sets``), computed once per process and reused by every test that compares with
     it. On the local filesystem (the quickstart's own relative input): run in this process
-    (``run_job`` on the connected Ray: the caller requests ``ray_local``). Given the S3
+    (``run_job`` on the connected Ray: the caller requests ``ray_local``; with
+    ``executor="processes"``, on worker processes of this process, no Ray: what a clean
+    run commits does not depend on where its partition workers ran). Given the S3
     ``server``: ``mmpipe_run`` from ``shared_photos(server)`` to a bucket of its own (a
     subprocess: ``ray_local``'s workers lack the S3 credentials, which only the
     environment carries)."""
-    key = ("clean", server.endpoint_url if server else "local", tuple(sets))
+    assert executor in ("ray", "processes") and (server is None or executor == "ray"), executor
+    key = ("clean", server.endpoint_url if server else "local", tuple(sets), executor)
     if key not in _SHARED:
         import contextlib
         import uuid
@@ -186,7 +194,16 @@ def clean_reference(tmp_path_factory, server=None, sets: tuple[str, ...] = NO_MO
                          "runtime.batch_size=3", *sets]
             with contextlib.chdir(REPO):      # the quickstart's relative source.uri
                 spec = load_spec(REPO / "examples/quickstart.yaml", overrides, None, out)
-                report = run_job(spec)
+                if executor == "processes":
+                    from pipeline.runtime.executors import ProcessWorkers, new_run_id
+
+                    workers = ProcessWorkers(spec.name, new_run_id())
+                    try:
+                        report = run_job(spec, processes=workers)
+                    finally:
+                        workers.close()
+                else:
+                    report = run_job(spec)
             assert report.complete and len(report.partitions_committed) == PARTITIONS, \
                 report.format()
         else:
