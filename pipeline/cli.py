@@ -101,7 +101,7 @@ def _run(args, spec, address: str, processes) -> int:
             return local_job.run(_local_job_argv(args), job=spec.name, fingerprint=fp,
                                  run_id=run_id, keep=args.keep_dashboard)
         session = local_ray.start(address, dashboard=args.dashboard, verbose=args.verbose,
-                                  runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}},
+                                  env_vars={"HF_HUB_OFFLINE": "1"},
                                   metadata={"mmpipe_job": spec.name, "fingerprint": fp,
                                             "run_id": run_id})
         with stops.on_signals():  # after ray.init, whose SIGTERM handler prints a stack dump

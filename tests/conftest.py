@@ -72,7 +72,7 @@ def start_local_ray():
     import ray
 
     return ray.init(address="local", num_cpus=2, include_dashboard=False,
-                    logging_level="WARNING", runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
+                    logging_level="WARNING")
 
 
 @pytest.fixture(scope="session")

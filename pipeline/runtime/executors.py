@@ -9,7 +9,8 @@ of these two backends, which offer the same handful of operations:
   ``runtime.worker_resources`` free; model stages are Ray actor pools the workers call.
   The engine for clusters, model stages, the dashboard and the dataset-wide dedup pass.
 - ``ProcessWorkers``: each worker a child process of the driver (``multiprocessing``,
-  ``spawn``), talking over a pipe; no Ray is started. For a local job it removes Ray's
+  ``forkserver`` where the platform has it, else ``spawn``), talking over a pipe; no Ray
+  is started. For a local job it removes Ray's
   fixed cost (about 2.5 s of ``ray.init`` and 1.2 s of ``ray.shutdown`` on a 2-core
   machine, bench/peers.py; 5-6 s with a model stage, bench/throughput.py) while every
   partition still runs the same ``PartitionWorker`` code and commit protocol. One worker
@@ -319,9 +320,11 @@ class ProcessWorkers:
     ``job`` and ``run_id`` name the log directory (``mmpipe-<job>-<run id>-*`` under the
     system's temp dir, one ``PartitionWorker-<i>.log`` per worker); with ``verbose`` the
     workers log to this terminal instead. ``cpus``: how many workers run at once (default
-    the CPUs this process may run on). ``prestart(n)`` spawns processes that import the
-    worker's modules while the driver plans (about 0.6 s each); ``bind`` gives them the
-    spec and fingerprint once the driver has assembled it."""
+    the CPUs this process may run on). ``prestart(n)`` starts processes while the driver
+    plans; ``bind`` gives them the spec and fingerprint once the driver has assembled it.
+    Each starts with this process's environment of the moment (``serve`` applies it: a
+    forked process would otherwise have the fork server's) and working directory
+    (``multiprocessing`` passes that)."""
 
     def __init__(self, job: str, run_id: str, *, verbose: bool = False,
                  cpus: int | None = None):
@@ -334,7 +337,7 @@ class ProcessWorkers:
         self.spare: list[_Process] = []
         self.fp = ""
         self._spec_json = ""
-        self._context = multiprocessing.get_context("spawn")
+        self._context = worker_context()
 
     def prestart(self, n: int) -> None:
         """Spawn ``n`` processes (at most ``cpus``) that load the worker's modules and wait
@@ -354,7 +357,7 @@ class ProcessWorkers:
             self.logs_dir / f"spare-{len(self.live) + len(self.spare)}-{os.urandom(3).hex()}.log")
         records = self._context.Value("q", 0, lock=False)   # one writer: the worker
         process = self._context.Process(target=serve, name="PartitionWorker", daemon=True,
-                                        args=(theirs, log_file, records))
+                                        args=(theirs, log_file, records, dict(os.environ)))
         process.start()
         theirs.close()
         return _Process(-1, process, ours, records)
@@ -457,14 +460,38 @@ def _stop(workers: list[_Process]) -> None:
             worker.process.join(KILL_GRACE_S)
 
 
-def serve(conn, log_file: str | None, records=None) -> None:
-    """A worker process's main loop: load the worker's modules, wait for ``("init", spec
-    JSON, fingerprint, index, run id, log file)``, build the ``PartitionWorker`` (answering
-    the driver's ``ping``), then run ``("run", partition id, attempt id)`` requests until
-    the driver closes the pipe. ``records``: the shared counter of rows the running
-    attempt has written (``PartitionWorker.shared_records``). Ctrl-C is the driver's to
-    handle (it kills this process); logs go to the log file given (none: this terminal)."""
+#: what the fork server imports once, so that each worker forked from it starts with the
+#: worker's modules loaded (``import pipeline.runtime.worker``: about 0.5 CPU-s that a
+#: spawned process pays each time, with Python's own start)
+PRELOAD = ["pipeline.runtime.worker"]
+
+
+def worker_context():
+    """The ``multiprocessing`` context worker processes start from: ``forkserver`` (Python's
+    fork server, ``multiprocessing.set_forkserver_preload``: one process that imports
+    ``PRELOAD`` and forks each worker from that state, safe where this process has threads,
+    as a connected Ray driver does) where the platform offers it, else ``spawn``."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
+
+
+def serve(conn, log_file: str | None, records=None, environ: dict[str, str] | None = None
+          ) -> None:
+    """A worker process's main loop: take the driver's ``environ`` (that of the moment it
+    was started, as a spawned process would have), load the worker's modules, wait for
+    ``("init", spec JSON, fingerprint, index, run id, log file)``, build the
+    ``PartitionWorker`` (answering the driver's ``ping``), then run ``("run", partition id,
+    attempt id)`` requests until the driver closes the pipe. ``records``: the shared
+    counter of rows the running attempt has written (``PartitionWorker.shared_records``).
+    Ctrl-C is the driver's to handle (it kills this process); logs go to the log file
+    given (none: this terminal)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     _log_to(log_file)
     from pipeline.runtime.threads import ASSIGNED_CPUS_ENV
     from pipeline.runtime.worker import PartitionWorker
